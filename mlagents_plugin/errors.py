@@ -1,0 +1,100 @@
+"""The errors the env manager raises, and how a worker's exception is raised again in the trainer.
+
+WorkerDiedError and WorkerTimeoutError derive from ML-Agents' UnityCommunicationException: for
+ML-Agents' TrainerController a lost worker is a lost environment, so it saves the model, logs
+"Learning was interrupted" and exits non-zero, exactly as for a crashed Unity build.
+"""
+import pickle
+from typing import Optional
+
+from mlagents_envs.exception import UnityCommunicationException
+
+from mlagents_plugin.protocol import ExceptionEnvelope
+
+
+class EnvWorkerError(UnityCommunicationException):
+    """An env worker was lost: it died, or stopped answering."""
+
+    def __init__(self, message: str, worker_id: int, pid: Optional[int]):
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+
+    def __reduce__(self):
+        return type(self), (str(self), self.worker_id, self.pid)
+
+
+class WorkerDiedError(EnvWorkerError):
+    """A worker process exited without telling the trainer why (signal, os._exit, crash)."""
+
+    def __init__(
+        self,
+        message: str,
+        worker_id: int,
+        pid: Optional[int],
+        exitcode: Optional[int] = None,
+    ):
+        super().__init__(message, worker_id, pid)
+        self.exitcode = exitcode
+
+    def __reduce__(self):
+        return type(self), (str(self), self.worker_id, self.pid, self.exitcode)
+
+
+class WorkerTimeoutError(EnvWorkerError):
+    """A worker did not answer within its deadline."""
+
+
+class RemoteWorkerError(Exception):
+    """A worker raised an exception that could not be rebuilt in the trainer.
+
+    It carries what could be saved: the original type's name, its message and the worker's
+    traceback (also attached as ``__cause__``).
+    """
+
+    def __init__(self, message: str, type_name: str, remote_traceback: str):
+        super().__init__(message)
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):
+        return type(self), (str(self), self.type_name, self.remote_traceback)
+
+
+class RemoteTraceback(Exception):
+    """The worker's formatted traceback, attached as ``__cause__`` (as concurrent.futures does)."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+def exception_from_envelope(envelope: ExceptionEnvelope, where: str) -> BaseException:
+    """Rebuild a worker's exception: the same type when possible, else RemoteWorkerError.
+
+    ``where`` names the worker ("env worker 2 (pid 1234)"); it goes into a note on the
+    exception, shown with its traceback (PEP 678), and into the attached remote traceback.
+    """
+    exc: Optional[BaseException] = None
+    if envelope.pickled is not None:
+        try:
+            exc = pickle.loads(envelope.pickled)
+        except Exception:
+            exc = None
+    doing = f" during {envelope.command.name}" if envelope.command else " while building its env"
+    if exc is None:
+        exc = RemoteWorkerError(
+            f"{where} raised {envelope.type_name}{doing}: {envelope.message} "
+            "(the exception could not be sent to the trainer as itself, so it is reported "
+            "by name; the worker's traceback is attached as __cause__)",
+            envelope.type_name,
+            envelope.traceback,
+        )
+    else:
+        exc.add_note(f"Raised in {where}{doing}; its traceback is shown above.")
+    exc.__cause__ = RemoteTraceback(f'\n"""\n{where}:\n{envelope.traceback}"""')
+    return exc
+

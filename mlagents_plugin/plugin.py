@@ -1,0 +1,69 @@
+"""ML-Agents entry points: stock ``mlagents-learn`` builds its env manager through us.
+
+ML-Agents loads ``mlagents.trainer_type`` plugins in ``parse_command_line``, before it reads
+the YAML. Our entry point returns no trainers; it installs the hooks (see compat.py) that
+take the ``env_manager:`` section out of the YAML, validate it, and make ``run_training``
+call ``make_env_manager`` where it would construct ``SubprocessEnvManager``.
+"""
+from typing import Any, Callable, Dict, List, Tuple
+
+from mlagents.trainers.env_manager import EnvManager
+from mlagents.trainers.exception import TrainerConfigError
+from mlagents.trainers.settings import RunOptions
+from mlagents_envs import logging_util
+from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.side_channel.side_channel import SideChannel
+
+from mlagents_plugin import compat, python_envs
+from mlagents_plugin.settings import (
+    SECTION,
+    EnvManagerSettings,
+    parse_section,
+    write_effective_settings,
+)
+from mlagents_plugin.supervisor import SupervisedEnvManager
+
+logger = logging_util.get_logger(__name__)
+
+# The section of the YAML being run; the defaults when the YAML has none (or there is no YAML).
+_settings = EnvManagerSettings()
+
+
+def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The ``mlagents.trainer_type`` entry point: install the hooks, add no trainer types."""
+    compat.install_yaml_section_hook(_take_section)
+    compat.allow_many_envs_without_build(lambda env_settings: _settings.env is not None)
+    compat.install_env_manager(make_env_manager)
+    compat.use_legacy_onnx_exporter()
+    return {}, {}
+
+
+def _take_section(config: Dict[str, Any]) -> None:
+    global _settings
+    _settings = parse_section(config.pop(SECTION, None))
+
+
+def make_env_manager(
+    env_factory: Callable[[int, List[SideChannel]], BaseEnv],
+    run_options: RunOptions,
+    n_env: int = 1,
+) -> EnvManager:
+    """What ``mlagents-learn`` calls instead of ``SubprocessEnvManager(...)``."""
+    settings = _settings.resolved(run_options)
+    if not settings.enabled:
+        logger.info(f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager.")
+        return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)
+    if settings.env is not None:
+        if run_options.env_settings.env_path is not None:
+            raise TrainerConfigError(
+                f"Both --env ({run_options.env_settings.env_path}) and {SECTION}.env "
+                f"({settings.env}) are set; a run trains on one environment: remove one."
+            )
+        env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
+    path = write_effective_settings(settings, run_options, SupervisedEnvManager.__name__)
+    described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
+    logger.info(
+        f"Env manager: SupervisedEnvManager (mlagents-plugin) with {n_env} worker(s); "
+        f"{described}" + (f"; written to {path}" if path else "")
+    )
+    return SupervisedEnvManager(env_factory, run_options, n_env, settings)

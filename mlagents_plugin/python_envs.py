@@ -1,0 +1,111 @@
+"""Python environments as envs: ``env_manager: {env: "package.module:factory", env_kwargs: {...}}``.
+
+The factory is called like ML-Agents' own env factories,
+``factory(worker_id, side_channels, **env_kwargs) -> BaseEnv``. It is resolved here, in the
+trainer, and shipped to the workers with cloudpickle (see NOTE [ Shipping env factories ]).
+"""
+import functools
+import importlib
+import importlib.machinery
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Set
+
+import cloudpickle
+from mlagents.trainers.exception import TrainerConfigError
+from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.side_channel.side_channel import SideChannel
+
+EnvFactory = Callable[[int, List[SideChannel]], BaseEnv]
+
+
+def resolve(spec: str) -> Callable[..., BaseEnv]:
+    """Import ``package.module:factory`` in this process; explain what is wrong if it fails."""
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TrainerConfigError(
+            f"env_manager.env: cannot import module '{module_name}' ({e}). Is it installed, "
+            "or on PYTHONPATH in the directory you run mlagents-learn from?"
+        ) from e
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise TrainerConfigError(
+                f"env_manager.env: module '{module_name}' has no '{attr_path}'."
+            ) from None
+    if not callable(target):
+        raise TrainerConfigError(f"env_manager.env: '{spec}' is not callable.")
+    return target
+
+
+def make_env_factory(spec: str, env_kwargs: Dict[str, Any]) -> EnvFactory:
+    return functools.partial(resolve(spec), **env_kwargs)
+
+
+# NOTE [ Shipping env factories ]
+# Under spawn and forkserver a worker is a fresh interpreter: it has the trainer's sys.path but
+# none of the modules the trainer imported by other means, such as a test module pytest loaded
+# with ``--import-mode=importlib`` or a module built at run time and put into sys.modules.
+# cloudpickle pickles functions *by reference* to their module, which the worker would then fail
+# to import. So, before pickling, every module the factory refers to that a fresh process could
+# not import by name is registered with cloudpickle to be pickled *by value*, and unregistered
+# right after.
+def dumps_factory(factory: Callable[..., Any]) -> bytes:
+    """cloudpickle ``factory`` so that a fresh worker process can load it."""
+    by_value = [m for m in _referenced_modules(factory) if not _importable_by_name(m)]
+    for module in by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(factory)
+    finally:
+        for module in by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _referenced_modules(obj: Any) -> List[ModuleType]:
+    """Modules of the callables and classes ``obj`` is made of, looking through partials,
+    bound methods and containers (an exception type passed as a keyword argument counts)."""
+    names: Set[str] = set()
+    pending = [obj]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, functools.partial):
+            pending.append(item.func)
+            pending.extend(item.args)
+            pending.extend(item.keywords.values())
+            continue
+        if isinstance(item, (list, tuple, set, frozenset)):
+            pending.extend(item)
+            continue
+        if isinstance(item, dict):
+            pending.extend(item.values())
+            continue
+        owner = getattr(item, "__self__", None)
+        if owner is not None and not isinstance(owner, ModuleType):
+            pending.append(type(owner))
+        module_name = getattr(item, "__module__", None)
+        if isinstance(module_name, str):
+            names.add(module_name)
+    names.discard("__main__")  # cloudpickle always ships __main__ by value
+    return [sys.modules[name] for name in sorted(names) if name in sys.modules]
+
+
+def _importable_by_name(module: ModuleType) -> bool:
+    """Could a fresh interpreter with this sys.path import ``module`` under its name?"""
+    name = module.__name__
+    if name in sys.builtin_module_names:
+        return True
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return False
+    # PathFinder searches sys.path only; importlib.util.find_spec would answer from sys.modules.
+    spec = importlib.machinery.PathFinder.find_spec(name.partition(".")[0], sys.path)
+    if spec is None:
+        return False
+    roots = list(spec.submodule_search_locations or [spec.origin])
+    path = os.path.realpath(path)
+    return any(path.startswith(os.path.realpath(root)) for root in roots if root)

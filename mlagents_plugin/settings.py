@@ -1,0 +1,116 @@
+"""The ``env_manager:`` section of an ML-Agents trainer YAML.
+
+Settings are attrs classes, as ML-Agents' own are. The section is validated strictly: an
+unknown key or a wrong type stops ``mlagents-learn`` before anything starts, with a message
+naming the key and the valid ones. See docs/configuration.md for every setting and its why.
+"""
+import os
+from typing import Any, Dict, Mapping, Optional
+
+import attr
+import yaml
+from mlagents.trainers.exception import TrainerConfigError
+from mlagents.trainers.settings import RunOptions
+
+SECTION = "env_manager"
+EFFECTIVE_SETTINGS_FILE = "env_manager.yaml"
+START_METHODS = ("forkserver", "spawn", "fork")
+# Added to --timeout-wait for the derived deadlines; starting also pays for a new interpreter.
+STEP_MARGIN_S = 10.0
+STARTUP_MARGIN_S = 30.0
+
+
+def _float(value: Any) -> Any:
+    """YAML reads ``5`` as an int; accept it for a float setting (but not a bool)."""
+    return float(value) if type(value) is int else value
+
+
+def _positive(instance: Any, attribute: "attr.Attribute", value: Optional[float]) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"'{attribute.name}' must be > 0 (got {value!r}).")
+
+
+_timeout = dict(converter=_float, validator=[attr.validators.instance_of(float), _positive])
+_optional_timeout = dict(
+    default=None,
+    converter=attr.converters.optional(_float),
+    validator=[attr.validators.optional(attr.validators.instance_of(float)), _positive],
+)
+
+
+@attr.s(auto_attribs=True, frozen=True)
+class EnvManagerSettings:
+    enabled: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
+    start_method: str = attr.ib(
+        default="forkserver", validator=attr.validators.in_(START_METHODS)
+    )
+    shutdown_timeout_s: float = attr.ib(default=10.0, **_timeout)
+    kill_grace_s: float = attr.ib(default=2.0, **_timeout)
+    startup_timeout_s: Optional[float] = attr.ib(**_optional_timeout)
+    step_timeout_s: Optional[float] = attr.ib(**_optional_timeout)
+    env: Optional[str] = attr.ib(
+        default=None, validator=attr.validators.optional(attr.validators.instance_of(str))
+    )
+    env_kwargs: Dict[str, Any] = attr.ib(
+        factory=dict, validator=attr.validators.instance_of(dict)
+    )
+
+    @env.validator
+    def _check_env(self, attribute: "attr.Attribute", value: Optional[str]) -> None:
+        if value is not None and value.count(":") != 1:
+            raise ValueError(
+                f"'env' must look like 'package.module:factory' (got {value!r})."
+            )
+
+    def resolved(self, run_options: RunOptions) -> "EnvManagerSettings":
+        """The settings with every derived default filled in from ``run_options``.
+
+        mlagents-envs gives up on a Unity build after ``--timeout-wait`` seconds with a
+        UnityTimeOutException, the better message; our deadlines leave it time to do so.
+        """
+        timeout_wait = float(run_options.env_settings.timeout_wait)
+        return attr.evolve(
+            self,
+            startup_timeout_s=self.startup_timeout_s or timeout_wait + STARTUP_MARGIN_S,
+            step_timeout_s=self.step_timeout_s or timeout_wait + STEP_MARGIN_S,
+        )
+
+    def as_dict(self) -> Dict[str, Any]:
+        return attr.asdict(self)
+
+
+def parse_section(section: Any) -> EnvManagerSettings:
+    """Validate the YAML's ``env_manager:`` section; raise TrainerConfigError if it is wrong."""
+    if section is None:
+        return EnvManagerSettings()
+    valid = [f.name for f in attr.fields(EnvManagerSettings)]
+    if not isinstance(section, Mapping):
+        raise TrainerConfigError(
+            f"The '{SECTION}' section must be a mapping of settings ({', '.join(valid)}), "
+            f"but it is {section!r}."
+        )
+    unknown = sorted(str(key) for key in section if key not in valid)
+    if unknown:
+        raise TrainerConfigError(
+            f"Unknown setting '{unknown[0]}' in the '{SECTION}' section of your YAML file. "
+            f"Valid settings are: {', '.join(valid)}. See docs/configuration.md."
+        )
+    try:
+        return EnvManagerSettings(**section)
+    except (TypeError, ValueError) as e:
+        raise TrainerConfigError(
+            f"Invalid '{SECTION}' setting in your YAML file: {e} See docs/configuration.md."
+        ) from None
+
+
+def write_effective_settings(
+    settings: EnvManagerSettings, run_options: RunOptions, manager_name: str
+) -> Optional[str]:
+    """Write the settings in force beside ML-Agents' configuration.yaml; return the path."""
+    folder = run_options.checkpoint_settings.write_path
+    if not os.path.isdir(folder):
+        return None
+    path = os.path.join(folder, EFFECTIVE_SETTINGS_FILE)
+    with open(path, "w") as f:
+        yaml.safe_dump({"manager": manager_name, SECTION: settings.as_dict()}, f, sort_keys=False)
+    return path

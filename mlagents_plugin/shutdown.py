@@ -1,0 +1,193 @@
+"""The shutdown ladder: take worker processes down, politely first, always in bounded time.
+
+# NOTE [ Shutdown ladder ]
+# A worker leaves in one of four ways, and the ladder gives each a bounded path to "reaped":
+#   asked    CLOSE was sent, or the worker reported an error and is closing its env by itself:
+#            wait up to ``shutdown_timeout_s`` for it to exit (draining its pipe meanwhile, so a
+#            worker blocked writing a large reply into a full pipe can still read CLOSE);
+#   term     SIGTERM, which the worker turns into SystemExit to close its env and player
+#            (NOTE [ Worker signals ]): wait up to ``kill_grace_s``;
+#   kill     SIGKILL: wait at most ``KILL_WAIT_S`` for the kernel to reap it. A process that
+#            survives even that (uninterruptible sleep in a driver) is reported and abandoned
+#            rather than waited for: nothing here ever blocks without a deadline;
+#   dead     it already exited: just reap it.
+# A hung worker starts at ``term``: it would not read CLOSE. Every SIGTERM or SIGKILL is logged
+# as a zombie-worker report naming the worker, its pid and the last command it was sent, since
+# a worker that needs one is a bug worth seeing. After a worker is reaped, its pipe and the
+# Process object's sentinel are closed, so create/close cycles do not leak descriptors.
+#
+# Upstream waits for CLOSED on a shared multiprocessing.Queue. A Queue has a feeder thread per
+# writer: a worker killed while its feeder holds the queue's lock leaves the lock held and the
+# pipe half-written, and the trainer's ``get`` then waits forever. Per-worker pipes and process
+# sentinels have no shared lock and no thread, and ``connection.wait`` takes a timeout.
+"""
+import enum
+import signal
+import time
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable, List, Optional
+
+from mlagents_envs import logging_util
+
+from mlagents_plugin.protocol import EnvironmentCommand
+
+logger = logging_util.get_logger(__name__)
+
+KILL_WAIT_S = 0.5
+
+
+class Stage(enum.Enum):
+    ASKED = "asked"
+    TERM = "term"
+    KILL = "kill"
+
+
+class _Leaving:
+    def __init__(
+        self,
+        key: Any,
+        process: BaseProcess,
+        conn: Optional[Connection],
+        label: str,
+        last_command: Optional[EnvironmentCommand],
+        on_closed: Callable[[Any], None],
+    ):
+        self.key = key
+        self.process = process
+        self.conn = conn
+        self.label = label
+        self.last_command = last_command
+        self.on_closed = on_closed
+        self.stage = Stage.ASKED
+        self.deadline = 0.0
+
+
+class Ladder:
+    """Processes on their way out. ``advance`` never blocks; ``run`` blocks, with a deadline."""
+
+    def __init__(self, shutdown_timeout_s: float, kill_grace_s: float):
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.kill_grace_s = kill_grace_s
+        self.leaving: List[_Leaving] = []
+
+    def add(
+        self,
+        key: Any,
+        process: BaseProcess,
+        conn: Optional[Connection],
+        label: str,
+        last_command: Optional[EnvironmentCommand],
+        hung: bool = False,
+        on_closed: Callable[[Any], None] = lambda payload: None,
+    ) -> None:
+        """Start taking ``process`` down; a ``hung`` one starts at SIGTERM."""
+        item = _Leaving(key, process, conn, label, last_command, on_closed)
+        item.deadline = time.monotonic() + self.shutdown_timeout_s
+        self.leaving.append(item)
+        if hung:
+            self._escalate(item, f"did not answer {_name(last_command)}")
+
+    def __contains__(self, key: Any) -> bool:
+        return any(item.key == key for item in self.leaving)
+
+    def waitables(self) -> List[Any]:
+        objs: List[Any] = []
+        for item in self.leaving:
+            objs.append(item.process.sentinel)
+            if item.conn is not None:
+                objs.append(item.conn)
+        return objs
+
+    def next_deadline(self) -> Optional[float]:
+        return min((item.deadline for item in self.leaving), default=None)
+
+    def advance(self) -> List[str]:
+        """Drain pipes, escalate what is past its deadline, reap what exited; return reaped labels."""
+        now = time.monotonic()
+        reaped = []
+        for item in list(self.leaving):
+            self._drain(item)
+            if not item.process.is_alive():
+                self._reap(item)
+                reaped.append(item.label)
+            elif now >= item.deadline:
+                if item.stage is Stage.KILL:
+                    logger.error(
+                        f"{item.label} survived SIGKILL for {KILL_WAIT_S} s (uninterruptible "
+                        "sleep in the kernel?); giving up on it. Check it with `ps`."
+                    )
+                    self._reap(item)
+                    reaped.append(item.label)
+                else:
+                    reason = (
+                        f"did not exit within shutdown_timeout_s={self.shutdown_timeout_s} s"
+                        if item.stage is Stage.ASKED
+                        else f"ignored SIGTERM for kill_grace_s={self.kill_grace_s} s"
+                    )
+                    self._escalate(item, reason)
+        return reaped
+
+    def run(self) -> None:
+        """Drive every process to reaped. Returns within shutdown_timeout_s + kill_grace_s + KILL_WAIT_S."""
+        while self.leaving:
+            self.advance()
+            deadline = self.next_deadline()
+            if deadline is None:
+                break
+            wait(self.waitables(), timeout=max(0.0, deadline - time.monotonic()))
+
+    def force(self) -> None:
+        """SIGKILL everything now (a second Ctrl-C), then reap within KILL_WAIT_S."""
+        for item in self.leaving:
+            if item.process.is_alive() and item.stage is not Stage.KILL:
+                self._signal(item, Stage.KILL, "was killed at once on a second interrupt")
+        self.run()
+
+    def _escalate(self, item: _Leaving, reason: str) -> None:
+        self._signal(item, Stage.TERM if item.stage is Stage.ASKED else Stage.KILL, reason)
+
+    def _signal(self, item: _Leaving, stage: Stage, reason: str) -> None:
+        sig = signal.SIGTERM if stage is Stage.TERM else signal.SIGKILL
+        logger.warning(
+            f"Zombie worker report: {item.label} {reason} (last command: "
+            f"{_name(item.last_command)}); sending {sig.name}."
+        )
+        try:
+            if stage is Stage.TERM:
+                item.process.terminate()
+            else:
+                item.process.kill()
+        except (OSError, ValueError):
+            pass  # already gone
+        item.stage = stage
+        item.deadline = time.monotonic() + (
+            self.kill_grace_s if stage is Stage.TERM else KILL_WAIT_S
+        )
+
+    def _drain(self, item: _Leaving) -> None:
+        conn = item.conn
+        try:
+            while conn is not None and conn.poll():
+                message = conn.recv()
+                if message.cmd is EnvironmentCommand.CLOSED:
+                    item.on_closed(message.payload)
+        except Exception:  # EOF from a dead worker, or a reply too broken to matter now
+            self._close_conn(item)
+
+    def _reap(self, item: _Leaving) -> None:
+        item.process.join(timeout=0)
+        if item.process.exitcode is not None:
+            item.process.close()
+        self._close_conn(item)
+        self.leaving.remove(item)
+
+    @staticmethod
+    def _close_conn(item: _Leaving) -> None:
+        if item.conn is not None:
+            item.conn.close()
+            item.conn = None
+
+
+def _name(command: Optional[EnvironmentCommand]) -> str:
+    return command.name if command is not None else "none; it was starting"

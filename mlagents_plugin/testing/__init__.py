@@ -1,0 +1,51 @@
+"""Test fixtures for env managers and envs: shipped, so users can test their own setups.
+
+- ``SimpleEnvironment`` and the misbehaving variants in ``faulty_envs``;
+- ``make_factory``: an env factory (picklable, for worker processes) for any of them;
+- ``train`` / ``check_environment_trains``: a real PPO trainer through any env manager;
+- the pytest plugin (``mlagents_plugin.testing.pytest_plugin``, registered through the
+  ``pytest11`` entry point) with fixtures built on these.
+"""
+import functools
+from typing import Any, Callable, List
+
+from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.side_channel.side_channel import SideChannel
+
+from mlagents_plugin.testing.faulty_envs import (
+    HangingEnvironment,
+    HardExitEnvironment,
+    LockHoldingError,
+    TwoArgumentError,
+    UnexpectedExceptionEnvironment,
+    UnpicklableExceptionEnvironment,
+    raising_factory,
+)
+from mlagents_plugin.testing.simple_env import SimpleEnvironment, simple_env
+
+
+def make_factory(
+    env_class: Callable[..., BaseEnv] = SimpleEnvironment, **kwargs: Any
+) -> Callable[[int, List[SideChannel]], BaseEnv]:
+    """An ML-Agents env factory ``(worker_id, side_channels) -> env_class(...)``."""
+    return functools.partial(_build, env_class, kwargs)
+
+
+def _build(
+    env_class: Callable[..., BaseEnv], kwargs: dict, worker_id: int, side_channels: List[SideChannel]
+) -> BaseEnv:
+    return env_class(worker_id, side_channels, **kwargs)
+
+
+__all__ = [
+    "HangingEnvironment",
+    "HardExitEnvironment",
+    "LockHoldingError",
+    "SimpleEnvironment",
+    "TwoArgumentError",
+    "UnexpectedExceptionEnvironment",
+    "UnpicklableExceptionEnvironment",
+    "make_factory",
+    "raising_factory",
+    "simple_env",
+]

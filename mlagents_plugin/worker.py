@@ -1,0 +1,226 @@
+"""The env worker process: build the env, serve the trainer's requests, report what goes wrong.
+
+It imports neither torch nor the supervisor: a worker starts in well under a second.
+"""
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import cloudpickle
+from mlagents.trainers.settings import ParameterRandomizationSettings, RunOptions
+from mlagents_envs import logging_util
+from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.side_channel.engine_configuration_channel import (
+    EngineConfig,
+    EngineConfigurationChannel,
+)
+from mlagents_envs.side_channel.environment_parameters_channel import (
+    EnvironmentParametersChannel,
+)
+from mlagents_envs.side_channel.side_channel import SideChannel
+from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
+from mlagents_envs.timers import get_timer_root, reset_timers
+
+from mlagents_plugin import processes
+from mlagents_plugin.protocol import (
+    EnvironmentCommand,
+    EnvironmentRequest,
+    EnvironmentResponse,
+    StepPayload,
+    WorkerHello,
+    wrap_exception,
+)
+
+logger = logging_util.get_logger(__name__)
+
+TIMER_REPORT_INTERVAL_S = 1.0
+DESCENDANT_KILL_GRACE_S = 0.5
+
+
+class WorkerSpec(NamedTuple):
+    """Everything a worker process is started with."""
+
+    worker_id: int  # the trainer's index for this worker slot
+    incarnation: int  # how many times this slot was started before
+    env_worker_id: int  # passed to the env factory; a Unity build's port is base_port + this
+    pickled_env_factory: bytes
+    run_options: RunOptions
+    log_level: int
+    trainer_pid: int
+    owner_tag: str  # see NOTE [ No orphans ]
+
+
+# NOTE [ Worker signals ]
+# SIGINT: a Ctrl-C in a terminal reaches the whole foreground process group, workers included.
+# Workers ignore it so that the trainer alone decides how to stop: ML-Agents saves the model,
+# then the env manager closes the workers in order (CLOSE, then the ladder).
+# SIGTERM: the default action would end the worker without running ``finally``, leaving its
+# Unity player behind. The handler turns it into SystemExit, so the env is closed and the
+# player killed on the way out. If the worker is stuck in native code the handler cannot run;
+# the supervisor then escalates to SIGKILL and kills the tagged player itself.
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _kill_descendants(owner_tag: Optional[str] = None) -> None:
+    """Kill this worker's children and theirs; with ``owner_tag``, also its orphaned players."""
+    procs = processes.descendants(os.getpid())
+    if owner_tag is not None:
+        procs += processes.find_tagged(owner_tag)
+    processes.kill_processes({p.pid: p for p in procs}.values(), DESCENDANT_KILL_GRACE_S)
+
+
+def worker_main(conn: Connection, spec: WorkerSpec) -> None:
+    """Process entry point."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    processes.tag_this_process(spec.owner_tag)
+
+    def trainer_gone() -> None:
+        _kill_descendants(spec.owner_tag)
+        os._exit(1)
+
+    processes.watch_parent(spec.trainer_pid, trainer_gone)
+    logging_util.set_log_level(spec.log_level)
+    _Worker(conn, spec).run()
+
+
+class _Worker:
+    def __init__(self, conn: Connection, spec: WorkerSpec):
+        self.conn = conn
+        self.spec = spec
+        self.env: Optional[BaseEnv] = None
+        self.command: Optional[EnvironmentCommand] = None  # being served, for error reports
+        self.env_parameters = EnvironmentParametersChannel()
+        self.stats_channel = StatsSideChannel()
+        self.engine_channel = EngineConfigurationChannel()
+        engine = spec.run_options.engine_settings
+        self.engine_channel.set_configuration(
+            EngineConfig(
+                width=engine.width,
+                height=engine.height,
+                quality_level=engine.quality_level,
+                time_scale=engine.time_scale,
+                target_frame_rate=engine.target_frame_rate,
+                capture_frame_rate=engine.capture_frame_rate,
+            )
+        )
+        self.analytics: Any = None
+        self.sent_spec_count = 0
+        self.last_timer_report = time.monotonic()
+
+    def send(self, cmd: EnvironmentCommand, payload: Any = None) -> None:
+        self.conn.send(
+            EnvironmentResponse(cmd, self.spec.worker_id, self.spec.incarnation, payload)
+        )
+
+    def run(self) -> None:
+        try:
+            self._build_env()
+            self._serve()
+        except BaseException as exc:  # report everything, SystemExit from SIGTERM included
+            logger.debug(f"Env worker {self.spec.worker_id}: {exc!r}")
+            self._try_send(EnvironmentCommand.ENV_EXITED, wrap_exception(exc, self.command))
+        finally:
+            self._shut_down()
+
+    def _build_env(self) -> None:
+        side_channels: List[SideChannel] = [
+            self.env_parameters,
+            self.engine_channel,
+            self.stats_channel,
+        ]
+        if self.spec.worker_id == 0:
+            # Imported here: it pulls in torch, which only worker 0 should pay for.
+            from mlagents.trainers.training_analytics_side_channel import (
+                TrainingAnalyticsSideChannel,
+            )
+
+            self.analytics = TrainingAnalyticsSideChannel()
+            side_channels.append(self.analytics)
+        factory: Callable[[int, List[SideChannel]], BaseEnv] = cloudpickle.loads(
+            self.spec.pickled_env_factory
+        )
+        self.env = factory(self.spec.env_worker_id, side_channels)
+        capabilities = getattr(self.env, "academy_capabilities", None)
+        if self.analytics is not None:
+            if capabilities is not None and capabilities.trainingAnalytics:
+                self.analytics.environment_initialized(self.spec.run_options)
+            else:
+                self.analytics = None
+        self.send(
+            EnvironmentCommand.READY, WorkerHello(os.getpid(), self._new_behavior_specs())
+        )
+
+    def _serve(self) -> None:
+        while True:
+            request: EnvironmentRequest = self.conn.recv()
+            self.command = request.cmd
+            if request.cmd == EnvironmentCommand.STEP:
+                for behavior_name, env_action in request.payload.items():
+                    self.env.set_actions(behavior_name, env_action)
+                self.env.step()
+                self.send(EnvironmentCommand.STEP, self._step_payload())
+            elif request.cmd == EnvironmentCommand.RESET:
+                self.env.reset()
+                self.send(EnvironmentCommand.RESET, self._step_payload())
+            elif request.cmd == EnvironmentCommand.ENVIRONMENT_PARAMETERS:
+                for key, value in (request.payload or {}).items():
+                    if isinstance(value, ParameterRandomizationSettings):
+                        value.apply(key, self.env_parameters)
+                    elif isinstance(value, (int, float)):  # as SimpleEnvManager accepts
+                        self.env_parameters.set_float_parameter(key, float(value))
+            elif request.cmd == EnvironmentCommand.TRAINING_STARTED:
+                if self.analytics is not None:
+                    behavior_name, trainer_settings = request.payload
+                    self.analytics.training_started(behavior_name, trainer_settings)
+            elif request.cmd == EnvironmentCommand.CLOSE:
+                return
+            self.command = None
+
+    def _step_payload(self) -> StepPayload:
+        env = self.env
+        results = {name: env.get_steps(name) for name in env.behavior_specs}
+        return StepPayload(
+            results,
+            self.stats_channel.get_and_reset_stats(),
+            self._new_behavior_specs(),
+            self._timers_if_due(),
+        )
+
+    def _new_behavior_specs(self) -> Optional[Dict[str, Any]]:
+        """All behaviour specs, but only when the env knows of behaviours not reported yet."""
+        specs = self.env.behavior_specs
+        if len(specs) == self.sent_spec_count:
+            return None
+        self.sent_spec_count = len(specs)
+        return dict(specs)
+
+    def _timers_if_due(self) -> Any:
+        """This process's timer tree about once a second (then reset), so the trainer can merge it."""
+        now = time.monotonic()
+        if now - self.last_timer_report < TIMER_REPORT_INTERVAL_S:
+            return None
+        self.last_timer_report = now
+        root = get_timer_root()
+        reset_timers()
+        return root
+
+    def _shut_down(self) -> None:
+        if self.env is not None:
+            try:
+                self.env.close()
+            except Exception:
+                logger.debug("Env worker %s: env.close() raised", self.spec.worker_id, exc_info=True)
+        _kill_descendants()  # a player is still our child here; orphans are the supervisor's
+        root = get_timer_root()
+        self._try_send(EnvironmentCommand.CLOSED, root)
+        self.conn.close()
+
+    def _try_send(self, cmd: EnvironmentCommand, payload: Any) -> None:
+        try:
+            self.send(cmd, payload)
+        except (OSError, EOFError):
+            pass  # the trainer is gone or stopped listening: nothing to report to

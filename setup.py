@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="mlagents-plugin",
+    version="0.1.0",
+    description=(
+        "A supervised env manager for Unity ML-Agents: nothing hangs, nothing leaks, "
+        "every failure is explained."
+    ),
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["mlagents_plugin", "mlagents_plugin.*"]),
+    python_requires=">=3.10",
+    # mlagents and mlagents-envs 1.1.0 are deliberately not listed: their metadata cannot be
+    # satisfied on Python 3.11 (see docs/install.md and requirements/mlagents-py311.txt).
+    install_requires=[
+        "attrs",
+        "cattrs>=1.1,<1.7",
+        "cloudpickle",
+        "numpy>=1.23.5,<1.24",
+        "psutil>=5.9",
+        "pyyaml",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3"],
+    },
+    entry_points={
+        "mlagents.trainer_type": ["mlagents_plugin = mlagents_plugin.plugin:register"],
+        "pytest11": ["mlagents_plugin = mlagents_plugin.testing.pytest_plugin"],
+    },
+)

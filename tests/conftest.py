@@ -1,0 +1,44 @@
+"""Shared test plumbing: every test must leave no process behind."""
+import os
+from typing import List
+
+import psutil
+import pytest
+
+from mlagents_plugin import processes
+
+# multiprocessing's own long-lived helpers, started once per test process and shared by tests.
+_MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def leftover_processes() -> List[psutil.Process]:
+    """This process's descendants, minus multiprocessing's helpers, plus any orphan we tagged."""
+    me = psutil.Process()
+    found = {}
+    for child in me.children(recursive=True):
+        try:
+            if child.ppid() == me.pid and any(h in " ".join(child.cmdline()) for h in _MP_HELPERS):
+                continue
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        found[child.pid] = child
+    for orphan in processes.find_tagged(f"mlagents-plugin/{os.getpid()}-"):
+        found[orphan.pid] = orphan
+    return list(found.values())
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    before = {p.pid for p in leftover_processes()}
+    yield
+    left = [p for p in leftover_processes() if p.pid not in before]
+    described = []
+    for proc in left:  # do not let one test's leak fail the next ones too
+        try:
+            described.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.Error:
+            pass
+    assert not described, f"processes left behind: {described}"

@@ -1,0 +1,74 @@
+"""The real `mlagents-learn` CLI, as a subprocess: the plugin is picked up, the YAML section is
+accepted or refused, and a run ends with valid .onnx models."""
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
+
+pytestmark = pytest.mark.e2e
+
+
+def run_learn(tmp_path: Path, config: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [MLAGENTS_LEARN, str(config_path), "--run-id=cli", f"--results-dir={tmp_path / 'results'}", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def python_env_config(**env_manager) -> dict:
+    config = yaml.safe_load((REPO / "config" / "simple_python_env.yaml").read_text())
+    config["behaviors"]["Simple"]["max_steps"] = 1000
+    config["env_manager"].update(env_manager)
+    return config
+
+
+@pytest.mark.timeout(300)
+def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
+    result = run_learn(tmp_path, python_env_config(shutdown_timeout_s=5), "--num-envs=2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Env manager: SupervisedEnvManager (mlagents-plugin) with 2 worker(s)" in result.stdout
+    run_dir = tmp_path / "results" / "cli"
+    effective = yaml.safe_load((run_dir / "env_manager.yaml").read_text())
+    assert effective["manager"] == "SupervisedEnvManager"
+    assert effective["env_manager"]["shutdown_timeout_s"] == 5.0
+    assert effective["env_manager"]["step_timeout_s"] == 70.0  # --timeout-wait 60 + 10
+    assert (run_dir / "configuration.yaml").exists()
+    models = [run_dir / "Simple.onnx", *sorted((run_dir / "Simple").glob("Simple-*.onnx"))]
+    assert len(models) == 2
+    for model in models:
+        onnx.checker.check_model(onnx.load(str(model)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "section, expected",
+    [
+        ({"shutdwon_timeout_s": 3}, "Unknown setting 'shutdwon_timeout_s'"),
+        ({"kill_grace_s": "soon"}, "'kill_grace_s' must be <class 'float'>"),
+        ({"start_method": "threads"}, "'start_method' must be in ('forkserver', 'spawn', 'fork')"),
+        ({"step_timeout_s": -1}, "'step_timeout_s' must be > 0"),
+        ("fast", "must be a mapping of settings"),
+    ],
+    ids=["unknown-key", "wrong-type", "bad-choice", "negative", "not-a-mapping"],
+)
+def test_invalid_section_stops_the_run_before_anything_starts(tmp_path, section, expected):
+    config = python_env_config()
+    config["env_manager"] = section
+    result = run_learn(tmp_path, config, "--num-envs=2", timeout=100)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "TrainerConfigError" in output and expected in output
+    if "Unknown" in expected:
+        assert "Valid settings are: enabled, start_method" in output
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,74 @@
+"""Env factories reach fresh worker processes, whatever module they live in."""
+import importlib.util
+import sys
+import textwrap
+import types
+
+import pytest
+from mlagents.trainers.exception import TrainerConfigError
+
+from mlagents_plugin import python_envs
+
+SOURCE = textwrap.dedent(
+    """
+    from mlagents_plugin.testing import SimpleEnvironment
+
+    def make(worker_id, side_channels, num_agents=1):
+        return SimpleEnvironment(worker_id, side_channels, num_agents=num_agents)
+    """
+)
+
+
+@pytest.fixture
+def module_off_sys_path(tmp_path):
+    """A module loaded from a file that is not on sys.path, as pytest's importlib mode does."""
+    path = tmp_path / "envs_only_the_trainer_has.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("envs_only_the_trainer_has", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[module.__name__] = module
+    yield module
+    del sys.modules[module.__name__]
+
+
+@pytest.fixture
+def module_in_memory():
+    module = types.ModuleType("envs_built_at_run_time")
+    exec(SOURCE, module.__dict__)
+    sys.modules[module.__name__] = module
+    yield module
+    del sys.modules[module.__name__]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
+@pytest.mark.parametrize("which", ["module_off_sys_path", "module_in_memory"])
+def test_factory_from_a_module_a_fresh_process_cannot_import(
+    request, env_manager_factory, start_method, which
+):
+    module = request.getfixturevalue(which)
+    factory = python_envs.make_env_factory(f"{module.__name__}:make", {"num_agents": 3})
+    manager = env_manager_factory(factory, 2, start_method=start_method)
+    manager.reset()
+    steps = manager.first_step_infos
+    assert len(steps) == 2
+    assert all(len(step.current_all_step_result["Simple"][0]) == 3 for step in steps)
+
+
+def test_importable_factories_are_pickled_by_reference():
+    factory = python_envs.make_env_factory("mlagents_plugin.testing:simple_env", {})
+    assert b"mlagents_plugin.testing.simple_env" in python_envs.dumps_factory(factory)
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("no_such_module_anywhere:make", "cannot import module 'no_such_module_anywhere'"),
+        ("mlagents_plugin.testing:no_such_factory", "has no 'no_such_factory'"),
+        ("mlagents_plugin.testing:__all__", "is not callable"),
+    ],
+)
+def test_bad_env_spec_is_explained(spec, expected):
+    with pytest.raises(TrainerConfigError, match=expected):
+        python_envs.resolve(spec)

@@ -1,0 +1,46 @@
+"""The env_manager section: strict parsing, derived defaults, the entry point's choices."""
+import pytest
+from mlagents.trainers.exception import TrainerConfigError
+from mlagents.trainers.settings import RunOptions
+from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
+
+from mlagents_plugin import plugin
+from mlagents_plugin.settings import EnvManagerSettings, parse_section
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+
+def test_no_section_means_defaults():
+    assert parse_section(None) == EnvManagerSettings()
+
+
+def test_ints_are_accepted_for_float_settings():
+    assert parse_section({"shutdown_timeout_s": 3}).shutdown_timeout_s == 3.0
+
+
+def test_bools_are_not_numbers():
+    with pytest.raises(TrainerConfigError, match="kill_grace_s"):
+        parse_section({"kill_grace_s": True})
+
+
+def test_env_must_name_a_factory():
+    with pytest.raises(TrainerConfigError, match="package.module:factory"):
+        parse_section({"env": "mlagents_plugin.testing.simple_env"})
+
+
+def test_timeouts_derive_from_timeout_wait():
+    run_options = RunOptions()
+    run_options.env_settings.timeout_wait = 20
+    settings = EnvManagerSettings().resolved(run_options)
+    assert settings.step_timeout_s == 30.0
+    assert settings.startup_timeout_s == 50.0
+    assert EnvManagerSettings(step_timeout_s=5).resolved(run_options).step_timeout_s == 5.0
+
+
+@pytest.mark.timeout(60)
+def test_disabled_gives_back_upstreams_manager(monkeypatch):
+    monkeypatch.setattr(plugin, "_settings", parse_section({"enabled": False}))
+    manager = plugin.make_env_manager(make_factory(SimpleEnvironment), RunOptions(), 1)
+    try:
+        assert type(manager) is SubprocessEnvManager
+    finally:
+        manager.close()
