@@ -108,7 +108,8 @@ def wrap_exception(
 # pickle rebuilds exceptions as ``cls(*self.args)``), or unpickling yields something else. Upstream
 # sends the exception object itself through the pipe, so the first kills the worker's reply and
 # the second raises an unrelated TypeError inside the trainer's ``recv``. Here the worker tries
-# the round trip before sending and ships the bytes only if it gives back the same type; the
+# the round trip before sending and ships the bytes only if it gives back the same type with the
+# same message (a rebuilt UnityWorkerInUseException, for one, formats its message twice); the
 # envelope itself holds only strings and bytes, so sending it cannot fail. The trainer unpickles
 # again (it may lack a module the worker had) and falls back to RemoteWorkerError built from the
 # text fields. cloudpickle is used so exception classes defined by value (in ``__main__``, in a
@@ -119,7 +120,9 @@ def _round_trip_or_none(exc: BaseException) -> Optional[bytes]:
         rebuilt = pickle.loads(data)
     except Exception:
         return None
-    return data if type(rebuilt) is type(exc) else None
+    if type(rebuilt) is not type(exc) or _safe_str(rebuilt) != _safe_str(exc):
+        return None  # e.g. an __init__ that formats its argument: rebuilt, it says something else
+    return data
 
 
 def _safe_str(exc: BaseException) -> str:

@@ -1,13 +1,17 @@
-"""The restart policy: which failures a worker is restarted after, and how often.
+"""The restart policy: which failures a worker is restarted after, how soon, and how often.
 
-Quotas are ML-Agents' own ``env_settings`` (``--max-lifetime-restarts``,
-``--restarts-rate-limit-n``, ``--restarts-rate-limit-period-s``), counted per worker, with
-upstream's meaning: -1 switches a limit off.
+Restartable: ML-Agents' four Unity exceptions (as upstream), a worker that died or hung, and the
+exception types listed in ``env_manager.restart_on``. Quotas are ML-Agents' own ``env_settings``
+(``--max-lifetime-restarts``, ``--restarts-rate-limit-n``, ``--restarts-rate-limit-period-s``),
+counted per worker with upstream's meaning: -1 switches a limit off. Each further restart of a
+worker within the rate-limit period waits twice as long as the one before it (backoff), so a
+build that crashes at start does not spin.
 """
 import datetime
+import enum
 import time
 from collections import defaultdict
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Sequence
 
 from mlagents.trainers.settings import EnvironmentSettings
 from mlagents_envs.exception import (
@@ -17,7 +21,8 @@ from mlagents_envs.exception import (
     UnityTimeOutException,
 )
 
-from mlagents_plugin.errors import EnvWorkerError
+from mlagents_plugin.errors import RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
+from mlagents_plugin.protocol import qualified_name
 
 # The exceptions upstream's SubprocessEnvManager restarts a worker after.
 UNITY_RESTARTABLE = (
@@ -26,42 +31,74 @@ UNITY_RESTARTABLE = (
     UnityEnvironmentException,
     UnityCommunicatorStoppedException,
 )
+MAX_BACKOFF_S = 30.0
+
+
+class Cause(enum.Enum):
+    """Why a worker failed; restarts are counted by cause."""
+
+    DIED = "died"
+    HUNG = "hung"
+    UNITY = "unity"
+    LISTED = "restart_on"
+    OTHER = "other"
+
+
+def cause_of(exc: BaseException, restart_on: Sequence[str] = ()) -> Cause:
+    if isinstance(exc, WorkerDiedError):
+        return Cause.DIED
+    if isinstance(exc, WorkerTimeoutError):
+        return Cause.HUNG
+    if isinstance(exc, UNITY_RESTARTABLE):
+        return Cause.UNITY
+    names = {qualified_name(cls) for cls in type(exc).__mro__}
+    names |= {cls.__name__ for cls in type(exc).__mro__}
+    if isinstance(exc, RemoteWorkerError):  # it could not be rebuilt: match its original name
+        names |= {exc.type_name, exc.type_name.rpartition(".")[2]}
+    return Cause.LISTED if names & set(restart_on) else Cause.OTHER
 
 
 class RestartRecord(NamedTuple):
     monotonic: float
     wall: datetime.datetime
-    cause: str
+    cause: Cause
+    error: str
 
 
 class RestartPolicy:
-    def __init__(self, env_settings: EnvironmentSettings):
+    def __init__(
+        self,
+        env_settings: EnvironmentSettings,
+        restart_on: Sequence[str] = (),
+        backoff_s: float = 0.0,
+    ):
         self.max_lifetime_restarts = env_settings.max_lifetime_restarts
         self.rate_limit_n = env_settings.restarts_rate_limit_n
         self.rate_limit_period_s = env_settings.restarts_rate_limit_period_s
+        self.restart_on = tuple(restart_on)
+        self.backoff_s = backoff_s
         self.history: Dict[int, List[RestartRecord]] = defaultdict(list)
 
-    @staticmethod
-    def is_restartable(exc: BaseException) -> bool:
-        # A lost worker (died, hung) is not restarted yet: it surfaces as is.
-        return isinstance(exc, UNITY_RESTARTABLE) and not isinstance(exc, EnvWorkerError)
+    def classify(self, exc: BaseException) -> Cause:
+        return cause_of(exc, self.restart_on)
 
     def has_quota(self, worker_id: int) -> bool:
         history = self.history[worker_id]
         lifetime_ok = (
             self.max_lifetime_restarts == -1 or len(history) < self.max_lifetime_restarts
         )
-        since = time.monotonic() - self.rate_limit_period_s
-        recent = sum(1 for record in history if record.monotonic > since)
-        rate_ok = self.rate_limit_n == -1 or recent < self.rate_limit_n
+        rate_ok = self.rate_limit_n == -1 or self._recent(worker_id) < self.rate_limit_n
         return lifetime_ok and rate_ok
 
-    def record(self, worker_id: int, exc: BaseException) -> None:
+    def record(self, worker_id: int, cause: Cause, exc: BaseException) -> float:
+        """Count a restart of ``worker_id``; return how long to wait before starting it."""
+        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** self._recent(worker_id))
         self.history[worker_id].append(
             RestartRecord(
-                time.monotonic(), datetime.datetime.now(), f"{type(exc).__name__}: {exc}"
+                time.monotonic(), datetime.datetime.now(), cause, f"{type(exc).__name__}: {exc}"
             )
         )
+        return delay
 
     def explain_refusal(self, worker_id: int) -> str:
         """Why ``worker_id`` gets no more restarts, with its restart history."""
@@ -74,7 +111,11 @@ class RestartPolicy:
         if not history:
             past = "it was never restarted"
         else:
-            past = "its restarts: " + "; ".join(
-                f"{r.wall:%H:%M:%S} after {r.cause}" for r in history
+            past = f"its {len(history)} restart(s): " + "; ".join(
+                f"{r.wall:%H:%M:%S} after {r.error}" for r in history
             )
         return f"Env worker {worker_id} has no restarts left ({limits}); {past}."
+
+    def _recent(self, worker_id: int) -> int:
+        since = time.monotonic() - self.rate_limit_period_s
+        return sum(1 for record in self.history[worker_id] if record.monotonic > since)

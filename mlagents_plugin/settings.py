@@ -5,7 +5,7 @@ unknown key or a wrong type stops ``mlagents-learn`` before anything starts, wit
 naming the key and the valid ones. See docs/configuration.md for every setting and its why.
 """
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import attr
 import yaml
@@ -48,6 +48,17 @@ class EnvManagerSettings:
     kill_grace_s: float = attr.ib(default=2.0, **_timeout)
     startup_timeout_s: Optional[float] = attr.ib(**_optional_timeout)
     step_timeout_s: Optional[float] = attr.ib(**_optional_timeout)
+    restart_on: List[str] = attr.ib(
+        factory=list,
+        validator=attr.validators.deep_iterable(
+            attr.validators.instance_of(str), attr.validators.instance_of(list)
+        ),
+    )
+    restart_backoff_s: float = attr.ib(
+        default=1.0,
+        converter=_float,
+        validator=[attr.validators.instance_of(float), attr.validators.ge(0.0)],
+    )
     env: Optional[str] = attr.ib(
         default=None, validator=attr.validators.optional(attr.validators.instance_of(str))
     )
@@ -98,8 +109,9 @@ def parse_section(section: Any) -> EnvManagerSettings:
     try:
         return EnvManagerSettings(**section)
     except (TypeError, ValueError) as e:
+        reason = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)  # attrs adds more args
         raise TrainerConfigError(
-            f"Invalid '{SECTION}' setting in your YAML file: {e} See docs/configuration.md."
+            f"Invalid '{SECTION}' setting in your YAML file: {reason} See docs/configuration.md."
         ) from None
 
 

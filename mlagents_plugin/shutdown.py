@@ -26,7 +26,7 @@ import signal
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from mlagents_envs import logging_util
 
@@ -41,6 +41,13 @@ class Stage(enum.Enum):
     ASKED = "asked"
     TERM = "term"
     KILL = "kill"
+
+
+_OUTCOMES = {
+    Stage.ASKED: "exited",
+    Stage.TERM: "exited on SIGTERM",
+    Stage.KILL: "killed with SIGKILL",
+}
 
 
 class _Leaving:
@@ -70,6 +77,7 @@ class Ladder:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.kill_grace_s = kill_grace_s
         self.leaving: List[_Leaving] = []
+        self.outcomes: Dict[Any, str] = {}  # how the last process under each key went
 
     def add(
         self,
@@ -109,7 +117,7 @@ class Ladder:
         for item in list(self.leaving):
             self._drain(item)
             if not item.process.is_alive():
-                self._reap(item)
+                self._reap(item, _OUTCOMES[item.stage])
                 reaped.append(item.label)
             elif now >= item.deadline:
                 if item.stage is Stage.KILL:
@@ -117,7 +125,7 @@ class Ladder:
                         f"{item.label} survived SIGKILL for {KILL_WAIT_S} s (uninterruptible "
                         "sleep in the kernel?); giving up on it. Check it with `ps`."
                     )
-                    self._reap(item)
+                    self._reap(item, "survived SIGKILL")
                     reaped.append(item.label)
                 else:
                     reason = (
@@ -175,7 +183,8 @@ class Ladder:
         except Exception:  # EOF from a dead worker, or a reply too broken to matter now
             self._close_conn(item)
 
-    def _reap(self, item: _Leaving) -> None:
+    def _reap(self, item: _Leaving, outcome: str) -> None:
+        self.outcomes[item.key] = outcome
         item.process.join(timeout=0)
         if item.process.exitcode is not None:
             item.process.close()

@@ -1,8 +1,9 @@
 """SupervisedEnvManager: ML-Agents' EnvManager over supervised worker processes.
 
 A drop-in for ``mlagents.trainers.subprocess_env_manager.SubprocessEnvManager``: same
-constructor, same behaviour, but every wait is bounded, every failure is explained and the
-workers are always reaped. See docs/architecture.md for the picture.
+constructor, same behaviour, but every wait is bounded, every failure is explained, what can be
+recovered is, and the workers are always reaped. docs/architecture.md has the picture and
+docs/faults.md what happens on each fault.
 """
 import atexit
 import enum
@@ -19,34 +20,44 @@ from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
 from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv, BehaviorName, BehaviorSpec
+from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin import compat, processes, python_envs
-from mlagents_plugin.errors import WorkerDiedError, WorkerTimeoutError, exception_from_envelope
+from mlagents_plugin import compat, processes, python_envs, signals
+from mlagents_plugin.errors import (
+    RemoteWorkerError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    exception_from_envelope,
+)
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,
     EnvironmentResponse,
     StepPayload,
     WorkerHello,
+    qualified_name,
 )
-from mlagents_plugin.restart import RestartPolicy
+from mlagents_plugin.restart import Cause, RestartPolicy
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.shutdown import Ladder
+from mlagents_plugin.stats import HealthStats
 from mlagents_plugin.worker import WorkerSpec, worker_main
 
 logger = logging_util.get_logger(__name__)
 
 # An upper bound on any single wait, so that a wait never outlives a deadline computed late.
 MAX_WAIT_S = 1.0
+# How many times one worker may move to another worker id because its port is taken.
+MAX_PORT_MOVES = 8
 
 
 class WorkerState(enum.Enum):
     STARTING = "starting"  # the process runs; its env is being built
     IDLE = "idle"  # no request outstanding
     BUSY = "busy"  # a STEP or RESET is outstanding
-    RESTARTING = "restarting"  # failed; the next incarnation starts once the last is reaped
+    RESTARTING = "restarting"  # failed; the next incarnation starts at ``restart_at``
     FAILED = "failed"  # failed for good; its error went to the trainer
     CLOSED = "closed"
 
@@ -56,12 +67,15 @@ class _Slot:
 
     def __init__(self, worker_id: int):
         self.worker_id = worker_id
+        self.env_worker_id = worker_id  # what the env factory gets; changes if the port is taken
         self.incarnation = -1
         self.state = WorkerState.CLOSED
         self.process: Optional[BaseProcess] = None
         self.conn: Optional[Connection] = None
         self.awaiting: Optional[EnvironmentCommand] = None
+        self.sent_at = 0.0
         self.deadline: Optional[float] = None
+        self.restart_at = 0.0
         self.last_command: Optional[EnvironmentCommand] = None
         self.previous_step = EnvironmentStep.empty(worker_id)
         self.previous_all_action_info: Dict[BehaviorName, ActionInfo] = {}
@@ -94,10 +108,14 @@ class SupervisedEnvManager(EnvManager):
             self._context.set_forkserver_preload([worker_main.__module__])
         self._pickled_factory = python_envs.dumps_factory(env_factory)
         self._owner = f"mlagents-plugin/{os.getpid()}-{secrets.token_hex(4)}/"
-        self._restarts = RestartPolicy(run_options.env_settings)
+        self._restarts = RestartPolicy(
+            run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s
+        )
         self._ladder = Ladder(self.settings.shutdown_timeout_s, self.settings.kill_grace_s)
         self._slots = [_Slot(i) for i in range(n_env)]
+        self._spare_env_worker_id = n_env
         self._completed: List[EnvironmentStep] = []
+        self._health = HealthStats(n_env)
         self._closed = False
         _open_managers.add(self)
         try:
@@ -114,7 +132,7 @@ class SupervisedEnvManager(EnvManager):
         while not self._completed:  # one wait returns every worker that is ready by then
             self._pump(block=True)
         steps, self._completed = self._completed, []
-        return steps
+        return self._with_health_stats(steps)
 
     def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
         # Steps in flight belong to the episodes being reset: let them land, then drop them.
@@ -163,19 +181,33 @@ class SupervisedEnvManager(EnvManager):
         """The pid of each running worker, by worker id."""
         return {s.worker_id: s.process.pid for s in self._slots if s.live}
 
+    @property
+    def restart_counts(self) -> Dict[str, int]:
+        """Restarts so far, by cause (``died``, ``hung``, ``unity``, ``restart_on``)."""
+        counts: Dict[str, int] = {}
+        for health in self._health.workers:
+            for cause, n in health.restarts.items():
+                counts[cause.value] = counts.get(cause.value, 0) + n
+        return counts
+
     def close(self) -> None:
-        """CLOSE every worker, then the ladder (NOTE [ Shutdown ladder ]). Idempotent."""
+        """CLOSE every worker, then the ladder (NOTE [ Shutdown ladder ]). Idempotent.
+
+        Returns within shutdown_timeout_s + kill_grace_s (plus the moment SIGKILL takes), or at
+        once after a second interrupt (NOTE [ Trainer signals ]).
+        """
         if self._closed:
             return
         self._closed = True
         _open_managers.discard(self)
-        logger.debug("SupervisedEnvManager closing.")
         for slot in self._slots:
             if slot.live:
                 self._send(slot, EnvironmentCommand.CLOSE)
                 self._retire(slot, hung=False)  # reported as doing what it was asked before CLOSE
             slot.state = WorkerState.CLOSED
         try:
+            if signals.interrupted_twice():
+                self._ladder.force()
             self._ladder.run()
         except KeyboardInterrupt:
             logger.warning("Interrupted again while closing: killing the env workers now.")
@@ -183,6 +215,12 @@ class SupervisedEnvManager(EnvManager):
             raise
         finally:
             self._kill_orphans(self._owner)
+            for slot in self._slots:
+                outcome = self._ladder.outcomes.get(slot.worker_id, "was not running")
+                logger.info(
+                    f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
+                    f"at close it {outcome}."
+                )
 
     # ------------------------------------------------------------------------ stepping
 
@@ -208,6 +246,15 @@ class SupervisedEnvManager(EnvManager):
                 )
         return all_action_info
 
+    def _with_health_stats(self, steps: List[EnvironmentStep]) -> List[EnvironmentStep]:
+        """Attach due health numbers to the first step (see stats.py)."""
+        health = self._health.due()
+        if not health:
+            return steps
+        first = steps[0]
+        stats = {**first.environment_stats, **health}
+        return [first._replace(environment_stats=stats)] + steps[1:]
+
     # ------------------------------------------------------------------ worker lifecycle
 
     def _start(self, slot: _Slot) -> None:
@@ -216,7 +263,7 @@ class SupervisedEnvManager(EnvManager):
         spec = WorkerSpec(
             worker_id=slot.worker_id,
             incarnation=slot.incarnation,
-            env_worker_id=slot.worker_id,
+            env_worker_id=slot.env_worker_id,
             pickled_env_factory=self._pickled_factory,
             run_options=self.run_options,
             log_level=logger.getEffectiveLevel(),
@@ -250,9 +297,10 @@ class SupervisedEnvManager(EnvManager):
         """Send a request that has a reply (STEP, RESET), and start its clock."""
         self._send(slot, cmd, payload)
         slot.awaiting = cmd
+        slot.sent_at = time.monotonic()
         if slot.state is not WorkerState.STARTING:  # a starting worker's clock runs already
             slot.state = WorkerState.BUSY
-            slot.deadline = time.monotonic() + self.settings.step_timeout_s
+            slot.deadline = slot.sent_at + self.settings.step_timeout_s
 
     def _retire(self, slot: _Slot, hung: bool) -> None:
         """Hand the slot's process to the shutdown ladder."""
@@ -321,6 +369,7 @@ class SupervisedEnvManager(EnvManager):
 
     def _time_to_next_deadline(self) -> float:
         deadlines = [s.deadline for s in self._slots if s.deadline is not None]
+        deadlines += [s.restart_at for s in self._slots if s.state is WorkerState.RESTARTING]
         ladder_deadline = self._ladder.next_deadline()
         if ladder_deadline is not None:
             deadlines.append(ladder_deadline)
@@ -371,7 +420,8 @@ class SupervisedEnvManager(EnvManager):
                 slot.state, slot.deadline = WorkerState.IDLE, None
             else:  # the queued request starts being served now
                 slot.state = WorkerState.BUSY
-                slot.deadline = time.monotonic() + self.settings.step_timeout_s
+                slot.sent_at = time.monotonic()
+                slot.deadline = slot.sent_at + self.settings.step_timeout_s
         elif response.cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
             payload: StepPayload = response.payload
             if payload.behavior_specs:
@@ -380,6 +430,8 @@ class SupervisedEnvManager(EnvManager):
                 self._merge_worker_timers(payload.timer_root)
             if response.cmd is EnvironmentCommand.RESET:
                 slot.previous_all_action_info = {}
+            else:
+                self._health.stepped(slot.worker_id, time.monotonic() - slot.sent_at)
             step = EnvironmentStep(
                 payload.all_step_result,
                 slot.worker_id,
@@ -418,25 +470,61 @@ class SupervisedEnvManager(EnvManager):
                 )
 
     def _fail(self, slot: _Slot, exc: BaseException, hung: bool = False) -> None:
-        """A worker failed: restart it within quota, else raise ``exc`` to the trainer."""
+        """A worker failed: restart it if the policy allows, else raise ``exc`` to the trainer.
+
+        Only this worker restarts; the others keep stepping. Its steps not yet returned, and
+        its partial trajectories, are dropped: they came from the env that failed.
+        """
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
         self._retire(slot, hung=hung)
-        if self._restarts.is_restartable(exc) and self._restarts.has_quota(worker_id):
-            self._restarts.record(worker_id, exc)
-            logger.warning(f"Restarting env worker {worker_id} after {type(exc).__name__}: {exc}")
-            compat.drop_worker_trajectories(self.agent_managers, worker_id)
+        compat.drop_worker_trajectories(self.agent_managers, worker_id)
+        if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
+            self._move_to_another_port(slot)
+            return
+        cause = self._restarts.classify(exc)
+        restart = cause is not Cause.OTHER and self._restarts.has_quota(worker_id)
+        self._health.failed(worker_id, cause, restart)
+        if restart:
+            delay = self._restarts.record(worker_id, cause, exc)
+            logger.warning(
+                f"Restarting env worker {worker_id} in {delay:.1f} s after "
+                f"{type(exc).__name__}: {exc}"
+            )
             slot.state = WorkerState.RESTARTING
+            slot.restart_at = time.monotonic() + delay
             return
         slot.state = WorkerState.FAILED
-        if self._restarts.is_restartable(exc):
+        if cause is not Cause.OTHER:
             exc.add_note(self._restarts.explain_refusal(worker_id))
         logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
         raise exc
 
+    def _move_to_another_port(self, slot: _Slot) -> None:
+        """Restart the worker with a worker id nobody uses: a Unity build's port is
+        base_port + worker id, and something (often a player left from an earlier run)
+        holds this one."""
+        base_port = self.run_options.env_settings.base_port
+        old, new = slot.env_worker_id, self._spare_env_worker_id
+        self._spare_env_worker_id += 1
+        slot.env_worker_id = new
+        self._health.moved_port(slot.worker_id)
+        logger.warning(
+            f"Env worker {slot.worker_id}: port {base_port + old} (worker id {old}) is in use, "
+            f"often by a Unity player left from an earlier run; moving to worker id {new} "
+            f"(port {base_port + new})."
+        )
+        slot.state = WorkerState.RESTARTING
+        slot.restart_at = time.monotonic()
+
     def _start_due_restarts(self) -> None:
+        now = time.monotonic()
         for slot in self._slots:
-            if slot.state is WorkerState.RESTARTING and slot.worker_id not in self._ladder:
+            if (
+                slot.state is WorkerState.RESTARTING
+                and now >= slot.restart_at
+                and slot.worker_id not in self._ladder  # one incarnation alive at a time
+            ):
                 self._start(slot)
                 if self.env_parameters is not None:
                     self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self.env_parameters)
@@ -452,6 +540,14 @@ class SupervisedEnvManager(EnvManager):
 
 def _name(command: Optional[EnvironmentCommand]) -> str:
     return command.name if command is not None else "none yet"
+
+
+def _is_port_in_use(exc: BaseException) -> bool:
+    # A rebuilt UnityWorkerInUseException garbles its message, so it arrives by name.
+    return isinstance(exc, UnityWorkerInUseException) or (
+        isinstance(exc, RemoteWorkerError)
+        and exc.type_name == qualified_name(UnityWorkerInUseException)
+    )
 
 
 # NOTE [ Interpreter exit ]

@@ -1,6 +1,8 @@
 """The env worker process: build the env, serve the trainer's requests, report what goes wrong.
 
 It imports neither torch nor the supervisor: a worker starts in well under a second.
+(Worker 0 imports torch if its env asks for ML-Agents' training analytics: see
+``_LazyAnalyticsChannel``.)
 """
 import os
 import signal
@@ -12,6 +14,9 @@ import cloudpickle
 from mlagents.trainers.settings import ParameterRandomizationSettings, RunOptions
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.side_channel.default_training_analytics_side_channel import (
+    DefaultTrainingAnalyticsSideChannel,
+)
 from mlagents_envs.side_channel.engine_configuration_channel import (
     EngineConfig,
     EngineConfigurationChannel,
@@ -87,6 +92,35 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     _Worker(conn, spec).run()
 
 
+class _LazyAnalyticsChannel(DefaultTrainingAnalyticsSideChannel):
+    """ML-Agents' TrainingAnalyticsSideChannel, built only when the env wants analytics.
+
+    The real channel imports torch (to report its version), which costs a worker seconds of
+    CPU at start and which nothing else in a worker needs. This stand-in has the same channel
+    id and forwards to the real one, created on first use, sharing its message queue.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._real: Any = None
+
+    def environment_initialized(self, run_options: RunOptions) -> None:  # type: ignore[override]
+        self._channel().environment_initialized(run_options)
+
+    def training_started(self, behavior_name: str, trainer_settings: Any) -> None:
+        self._channel().training_started(behavior_name, trainer_settings)
+
+    def _channel(self) -> Any:
+        if self._real is None:
+            from mlagents.trainers.training_analytics_side_channel import (
+                TrainingAnalyticsSideChannel,
+            )
+
+            self._real = TrainingAnalyticsSideChannel()
+            self._real.message_queue = self.message_queue
+        return self._real
+
+
 class _Worker:
     def __init__(self, conn: Connection, spec: WorkerSpec):
         self.conn = conn
@@ -107,7 +141,7 @@ class _Worker:
                 capture_frame_rate=engine.capture_frame_rate,
             )
         )
-        self.analytics: Any = None
+        self.analytics: Optional[_LazyAnalyticsChannel] = None
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
 
@@ -132,13 +166,8 @@ class _Worker:
             self.engine_channel,
             self.stats_channel,
         ]
-        if self.spec.worker_id == 0:
-            # Imported here: it pulls in torch, which only worker 0 should pay for.
-            from mlagents.trainers.training_analytics_side_channel import (
-                TrainingAnalyticsSideChannel,
-            )
-
-            self.analytics = TrainingAnalyticsSideChannel()
+        if self.spec.worker_id == 0:  # as upstream: one worker reports training analytics
+            self.analytics = _LazyAnalyticsChannel()
             side_channels.append(self.analytics)
         factory: Callable[[int, List[SideChannel]], BaseEnv] = cloudpickle.loads(
             self.spec.pickled_env_factory

@@ -16,6 +16,8 @@ from mlagents_plugin.testing.faulty_envs import (
     HangingEnvironment,
     HardExitEnvironment,
     LockHoldingError,
+    PlayerLaunchingEnvironment,
+    RandomFaultEnvironment,
     TwoArgumentError,
     UnexpectedExceptionEnvironment,
     UnpicklableExceptionEnvironment,
@@ -31,6 +33,17 @@ def make_factory(
     return functools.partial(_build, env_class, kwargs)
 
 
+def testing_env(
+    worker_id: int, side_channels: List[SideChannel], env_class: str = "SimpleEnvironment", **kwargs: Any
+) -> BaseEnv:
+    """A YAML-friendly factory for any env here, e.g.
+    ``env_manager: {env: "mlagents_plugin.testing:testing_env",
+    env_kwargs: {env_class: HangingEnvironment, after_steps: 100}}``."""
+    if env_class not in __all__ or not env_class.endswith("Environment"):
+        raise ValueError(f"env_class must name an environment of mlagents_plugin.testing, not {env_class!r}")
+    return globals()[env_class](worker_id, side_channels, **kwargs)
+
+
 def _build(
     env_class: Callable[..., BaseEnv], kwargs: dict, worker_id: int, side_channels: List[SideChannel]
 ) -> BaseEnv:
@@ -41,6 +54,8 @@ __all__ = [
     "HangingEnvironment",
     "HardExitEnvironment",
     "LockHoldingError",
+    "PlayerLaunchingEnvironment",
+    "RandomFaultEnvironment",
     "SimpleEnvironment",
     "TwoArgumentError",
     "UnexpectedExceptionEnvironment",
@@ -48,4 +63,5 @@ __all__ = [
     "make_factory",
     "raising_factory",
     "simple_env",
+    "testing_env",
 ]

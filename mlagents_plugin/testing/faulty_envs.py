@@ -2,18 +2,22 @@
 
 Every variant takes, besides SimpleEnvironment's arguments:
 
-- ``after_steps``: the fault fires on that step (counted from 1), or at ``reset`` / ``init``
-  when ``during`` says so;
+- ``after_steps``: the fault fires on that step (counted from 1), or in ``init``, ``reset`` or
+  ``close`` when ``during`` says so;
 - ``only_worker``: fire only in that worker slot (others behave);
 - ``once_file``: fire only if this file does not exist yet, and create it, so the restarted
   env behaves (a restart is a new process: the marker is how it knows).
 """
 import os
+import random
 import signal
+import subprocess
+import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Type
+from typing import Any, Callable, List, Optional, Sequence, Type
 
+from mlagents_envs.exception import UnityCommunicationException
 from mlagents_envs.side_channel.side_channel import SideChannel
 
 from mlagents_plugin.testing.simple_env import SimpleEnvironment
@@ -29,8 +33,8 @@ class _FaultyEnvironment(SimpleEnvironment):
         once_file: Optional[str] = None,
         **kwargs: Any,
     ):
-        if during not in ("init", "reset", "step"):
-            raise ValueError(f"during must be 'init', 'reset' or 'step', not {during!r}")
+        if during not in ("init", "reset", "step", "close"):
+            raise ValueError(f"during must be 'init', 'reset', 'step' or 'close', not {during!r}")
         self.after_steps = after_steps
         self.during = during
         self.only_worker = only_worker
@@ -49,6 +53,10 @@ class _FaultyEnvironment(SimpleEnvironment):
         super().step()
         if self.step_count >= self.after_steps:
             self._maybe_fire("step")
+
+    def close(self) -> None:
+        self._maybe_fire("close")
+        super().close()
 
     def _maybe_fire(self, moment: str) -> None:
         if moment != self.during:
@@ -157,3 +165,66 @@ def raising_factory(
 def _sleep_forever() -> None:
     while True:
         time.sleep(3600)
+
+
+class PlayerLaunchingEnvironment(SimpleEnvironment):
+    """Starts a stand-in for a Unity player, the way mlagents-envs starts one: a child process in
+    its own session (``start_new_session=True``), so it is outside the worker's process group.
+
+    Each player's pid is written as a file name into ``player_pid_dir``, so a test can check
+    afterwards that every player is gone. ``close()`` stops the player, as UnityEnvironment does.
+    """
+
+    def __init__(self, *args: Any, player_pid_dir: str, **kwargs: Any):
+        self.player = subprocess.Popen(
+            [sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"],
+            start_new_session=True,
+        )
+        open(os.path.join(player_pid_dir, str(self.player.pid)), "w").close()
+        super().__init__(*args, **kwargs)
+
+    def close(self) -> None:
+        self.player.kill()
+        self.player.wait()
+
+
+FAULT_KINDS = ("exception", "exit", "hang", "unity")
+
+
+class RandomFaultEnvironment(SimpleEnvironment):
+    """Fails at random steps, in a random way, and writes each fault to ``fault_log`` first.
+
+    :param fault_probability: the chance that a step fails.
+    :param kinds: which of "exception" (``exception_type``), "exit" (``os._exit(5)``), "hang"
+        and "unity" (UnityCommunicationException) to draw from.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        fault_log: str,
+        fault_probability: float = 0.01,
+        kinds: Sequence[str] = FAULT_KINDS,
+        exception_type: Type[BaseException] = RuntimeError,
+        **kwargs: Any,
+    ):
+        self.fault_log = fault_log
+        self.fault_probability = fault_probability
+        self.kinds = tuple(kinds)
+        self.exception_type = exception_type
+        super().__init__(*args, **kwargs)
+        self.fault_rng = random.Random(os.getpid())
+
+    def step(self) -> None:
+        super().step()
+        if self.fault_rng.random() < self.fault_probability:
+            kind = self.fault_rng.choice(self.kinds)
+            with open(self.fault_log, "a") as log:
+                log.write(f"{self.worker_id} {os.getpid()} {kind}\n")
+            if kind == "exception":
+                raise self.exception_type("random fault")
+            if kind == "exit":
+                os._exit(5)
+            if kind == "hang":
+                _sleep_forever()
+            raise UnityCommunicationException("random fault")

@@ -6,6 +6,7 @@ runs past ``episode_length`` steps is interrupted. A good policy earns about 0.9
 a random one about 0. Observations are a vector (the goal, repeated ``vector_size`` times)
 and optionally an image of the goal (channel-first, as mlagents-envs delivers images).
 """
+import os
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -47,6 +48,8 @@ class SimpleEnvironment(BaseEnv):
     :param action: "discrete" (one branch: left, right) or "continuous" (one value in [-1, 1]).
     :param visual_shape: (C, H, W) of an image observation, or None for vector only.
     :param step_sleep_s, step_cpu_s: what one ``step()`` costs, asleep and busy.
+    :param report_pid: send this process's pid as the stat ``Environment/Env Worker Pid`` with
+        every step, so a test can tell which process produced a step.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class SimpleEnvironment(BaseEnv):
         step_sleep_s: float = 0.0,
         step_cpu_s: float = 0.0,
         seed: int = 0,
+        report_pid: bool = False,
     ):
         if action not in ("discrete", "continuous"):
             raise ValueError(f"action must be 'discrete' or 'continuous', not {action!r}")
@@ -74,6 +78,7 @@ class SimpleEnvironment(BaseEnv):
         self.episode_length = episode_length
         self.step_sleep_s = step_sleep_s
         self.step_cpu_s = step_cpu_s
+        self.report_pid = report_pid
         self.step_count = 0
         # What a Unity build reports in its handshake; upstream's worker reads it.
         self.academy_capabilities = None
@@ -137,7 +142,7 @@ class SimpleEnvironment(BaseEnv):
         self.step_count += 1
         for name in self._specs:
             self._steps[name] = self._advance(name)
-        self._report_env_parameters()
+        self._report_stats()
 
     def set_actions(self, behavior_name: BehaviorName, action: ActionTuple) -> None:
         if self._specs[behavior_name].action_spec.is_discrete():
@@ -238,12 +243,15 @@ class SimpleEnvironment(BaseEnv):
             raise ValueError(f"step_size must be > 0, got {step_size}")
         self.step_size = step_size
 
-    def _report_env_parameters(self) -> None:
-        """Send each parameter back as a stat, framed as a Unity build frames it."""
+    def _report_stats(self) -> None:
+        """Send each parameter back as a stat (and the pid, if asked), as a Unity build would."""
+        stats = {f"Environment/Param/{key}": value for key, value in self.env_parameters.items()}
+        if self.report_pid:
+            stats["Environment/Env Worker Pid"] = float(os.getpid())
         for channel in self._stats_channels:
-            for key, value in self.env_parameters.items():
+            for key, value in stats.items():
                 message = OutgoingMessage()
-                message.write_string(f"Environment/Param/{key}")
+                message.write_string(key)
                 message.write_float32(value)
                 message.write_int32(StatsAggregationMethod.MOST_RECENT.value)
                 channel.on_message_received(IncomingMessage(bytes(message.buffer)))

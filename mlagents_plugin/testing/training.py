@@ -37,24 +37,30 @@ PPO_CONFIG = TrainerSettings(
 )
 
 
-class RewardRecorder(StatsWriter):
-    """Keeps, per behaviour, the mean cumulative episode reward of every summary period."""
+class StatsRecorder(StatsWriter):
+    """Keeps, per category (behaviour) and stat, the mean of every summary period."""
 
     def __init__(self) -> None:
-        self.rewards: Dict[str, List[float]] = collections.defaultdict(list)
+        self.stats: Dict[str, Dict[str, List[float]]] = collections.defaultdict(
+            lambda: collections.defaultdict(list)
+        )
 
     def write_stats(self, category: str, values: Dict[str, StatsSummary], step: int) -> None:
-        summary = values.get(REWARD_KEY)
-        if summary is not None and summary.num > 0:
-            self.rewards[category].append(float(summary.mean))
+        for key, summary in values.items():
+            if summary.num > 0:
+                self.stats[category][key].append(float(summary.aggregated_value))
 
 
 class TrainingResult(NamedTuple):
-    mean_rewards: Dict[str, List[float]]  # behaviour -> mean reward of each summary period
+    stats: Dict[str, Dict[str, List[float]]]  # behaviour -> stat -> value of each summary period
+
+    @property
+    def mean_rewards(self) -> Dict[str, List[float]]:
+        return {name: stats[REWARD_KEY] for name, stats in self.stats.items() if REWARD_KEY in stats}
 
     @property
     def final_rewards(self) -> Dict[str, float]:
-        return {name: rewards[-1] for name, rewards in self.mean_rewards.items() if rewards}
+        return {name: rewards[-1] for name, rewards in self.mean_rewards.items()}
 
 
 def train(
@@ -75,7 +81,7 @@ def train(
     else:
         config = dict(trainer_config)
     register_trainer_plugins()  # as mlagents-learn does: PPO, SAC, POCA and plugins' trainers
-    recorder = RewardRecorder()
+    recorder = StatsRecorder()
     saved_writers = list(StatsReporter.writers)
     StatsReporter.writers.clear()
     StatsReporter.add_writer(recorder)
@@ -99,7 +105,7 @@ def train(
     finally:
         StatsReporter.writers.clear()
         StatsReporter.writers.extend(saved_writers)
-    return TrainingResult(dict(recorder.rewards))
+    return TrainingResult({name: dict(stats) for name, stats in recorder.stats.items()})
 
 
 def check_environment_trains(

@@ -1,0 +1,370 @@
+"""The fault model (docs/faults.md): deaths, hangs, broken exceptions, start-up failures and the
+restart policy, with real worker processes under every start method."""
+import functools
+import logging
+import os
+import signal
+import socket
+import time
+
+import psutil
+import pytest
+from mlagents.trainers.learn import create_environment_factory
+from mlagents_envs.exception import (
+    UnityCommunicationException,
+    UnityEnvironmentException,
+    UnityTimeOutException,
+)
+from mlagents_envs.rpc_communicator import RpcCommunicator
+
+from mlagents_plugin.errors import RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
+from mlagents_plugin.restart import Cause, RestartPolicy
+from mlagents_plugin.testing import (
+    HangingEnvironment,
+    HardExitEnvironment,
+    SimpleEnvironment,
+    UnexpectedExceptionEnvironment,
+    UnpicklableExceptionEnvironment,
+    make_factory,
+)
+from mlagents_plugin.testing.training import check_environment_trains
+
+START_METHODS = ["forkserver", "spawn", "fork"]
+FAST = dict(restart_backoff_s=0.0)
+
+
+class ListedError(Exception):
+    pass
+
+
+def step_until(manager, condition, limit=2000):
+    """Step until ``condition()``; fail (never hang) after ``limit`` calls."""
+    for _ in range(limit):
+        if condition():
+            return
+        manager.get_steps()
+    pytest.fail(f"condition not reached in {limit} calls of get_steps")
+
+
+def step_n(manager, n):
+    for _ in range(n):
+        manager.get_steps()
+
+
+def last_worker_faults(env_class, num_envs, tmp_path, **kwargs):
+    """The last worker misbehaves once, after 3 steps; the restarted one behaves."""
+    return make_factory(
+        env_class,
+        after_steps=3,
+        only_worker=num_envs - 1,
+        once_file=str(tmp_path / "fired"),
+        step_sleep_s=0.005,
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------- hard death
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_envs", [1, 4])
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_death_restarts_only_that_worker(env_manager_factory, tmp_path, start_method, num_envs):
+    factory = last_worker_faults(HardExitEnvironment, num_envs, tmp_path, exit_code=9)
+    manager = env_manager_factory(factory, num_envs, start_method=start_method, **FAST)
+    manager.reset()
+    before = manager.worker_pids
+    victim = num_envs - 1
+    step_until(manager, lambda: manager.restart_counts.get("died") == 1)
+    step_until(manager, lambda: victim in manager.worker_pids)
+    after = manager.worker_pids
+    assert after[victim] != before[victim]
+    assert {w: p for w, p in after.items() if w != victim} == {
+        w: p for w, p in before.items() if w != victim
+    }
+    step_n(manager, 20)  # the restarted worker steps
+
+
+@pytest.mark.timeout(30)
+def test_healthy_workers_keep_stepping_while_one_restarts(env_manager_factory, tmp_path):
+    factory = last_worker_faults(HardExitEnvironment, 4, tmp_path)
+    manager = env_manager_factory(factory, 4, restart_backoff_s=2.0)
+    manager.reset()
+    step_until(manager, lambda: manager.restart_counts.get("died") == 1)
+    stepped = set()
+    while 3 not in manager.worker_pids:  # during the 2 s backoff
+        stepped |= {step.worker_id for step in manager.get_steps()}
+    assert stepped == {0, 1, 2}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("sigkill", "was killed by SIGKILL: out of memory?"),
+        ("sigsegv", "was killed by SIGSEGV: a crash in native code"),
+        ("exit", "exited with code 3"),
+    ],
+)
+def test_death_is_explained(run_options, env_manager_factory, how, expected):
+    run_options.env_settings.max_lifetime_restarts = 0
+    kwargs = {"sigsegv": dict(signal_number=signal.SIGSEGV), "exit": dict(exit_code=3)}.get(how, {})
+    factory = make_factory(HardExitEnvironment, after_steps=10**9 if how == "sigkill" else 3, **kwargs)
+    manager = env_manager_factory(factory, 2, step_timeout_s=600)
+    manager.reset()
+    pid = manager.worker_pids[1]
+    if how == "sigkill":
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError) as info:
+        step_until(manager, lambda: False)
+    assert expected in str(info.value)
+    assert "env worker" in str(info.value) and "(pid " in str(info.value)
+    assert any("no restarts left" in note for note in info.value.__notes__)
+
+
+# ------------------------------------------------------------------------------ hangs
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_envs", [1, 4])
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_hung_step_is_restarted(env_manager_factory, tmp_path, start_method, num_envs):
+    factory = last_worker_faults(HangingEnvironment, num_envs, tmp_path)
+    manager = env_manager_factory(
+        factory, num_envs, start_method=start_method, step_timeout_s=1.0, kill_grace_s=1.0, **FAST
+    )
+    manager.reset()
+    step_until(manager, lambda: manager.restart_counts.get("hung") == 1)
+    step_n(manager, 20)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("during", ["init", "reset"])
+def test_hang_while_starting_or_resetting_is_restarted(env_manager_factory, tmp_path, during):
+    factory = make_factory(HangingEnvironment, during=during, once_file=str(tmp_path / "fired"))
+    manager = env_manager_factory(
+        factory, 2, startup_timeout_s=3.0 if during == "init" else 20.0, step_timeout_s=2.0,
+        kill_grace_s=1.0, **FAST
+    )
+    manager.reset()
+    step_until(manager, lambda: manager.restart_counts.get("hung") == 1)
+    step_until(manager, lambda: len(manager.worker_pids) == 2)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "during, startup_timeout_s, doing",
+    [("init", 2.0, "did not finish building its env within startup_timeout_s=2.0 s"),
+     ("step", 20.0, "did not answer STEP within step_timeout_s=1.0 s")],
+)
+def test_hang_beyond_the_quota_says_what_it_was_doing(
+    run_options, env_manager_factory, during, startup_timeout_s, doing
+):
+    run_options.env_settings.max_lifetime_restarts = 0
+    factory = make_factory(HangingEnvironment, during=during, after_steps=2)
+    manager = env_manager_factory(
+        factory, 1, startup_timeout_s=startup_timeout_s, step_timeout_s=1.0, kill_grace_s=0.5
+    )
+    with pytest.raises(WorkerTimeoutError, match=doing):
+        manager.reset()
+        step_until(manager, lambda: False)
+
+
+# ---------------------------------------------------------- exceptions that do not travel
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("num_envs", [1, 4])
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize(
+    "kind, type_name, message",
+    [
+        ("lock", "mlagents_plugin.testing.faulty_envs.LockHoldingError", "cannot travel"),
+        ("two_args", "mlagents_plugin.testing.faulty_envs.TwoArgumentError", "cannot travel (code 7)"),
+    ],
+)
+def test_exception_that_cannot_be_rebuilt_arrives_by_name(
+    env_manager_factory, start_method, num_envs, kind, type_name, message
+):
+    factory = make_factory(UnpicklableExceptionEnvironment, kind=kind, message="cannot travel", after_steps=2)
+    manager = env_manager_factory(factory, num_envs, start_method=start_method)
+    manager.reset()
+    with pytest.raises(RemoteWorkerError) as info:
+        step_until(manager, lambda: False)
+    error = info.value
+    assert error.type_name == type_name
+    assert f"raised {type_name} during STEP: {message}" in str(error)
+    assert "in fire" in error.remote_traceback and message in error.remote_traceback
+    assert "env worker" in str(error.__cause__)
+
+
+@pytest.mark.timeout(30)
+def test_restart_on_matches_exceptions_by_name(env_manager_factory, tmp_path):
+    factory = make_factory(
+        UnpicklableExceptionEnvironment, kind="lock", after_steps=2, once_file=str(tmp_path / "fired")
+    )
+    manager = env_manager_factory(factory, 2, restart_on=["LockHoldingError"], **FAST)
+    manager.reset()
+    step_until(manager, lambda: manager.restart_counts.get("restart_on") == 1)
+
+
+@pytest.mark.timeout(30)
+def test_listed_exception_types_are_restarted_and_others_are_not(env_manager_factory, tmp_path):
+    listed = make_factory(
+        UnexpectedExceptionEnvironment,
+        exception_type=ListedError,
+        after_steps=2,
+        once_file=str(tmp_path / "fired"),
+    )
+    manager = env_manager_factory(listed, 2, restart_on=[f"{__name__}.ListedError"], **FAST)
+    manager.reset()
+    step_until(manager, lambda: manager.restart_counts.get("restart_on") == 1)
+    unlisted = make_factory(UnexpectedExceptionEnvironment, exception_type=ValueError, after_steps=2)
+    manager = env_manager_factory(unlisted, 2, restart_on=[f"{__name__}.ListedError"], **FAST)
+    manager.reset()
+    with pytest.raises(ValueError):
+        step_until(manager, lambda: False)
+
+
+# ------------------------------------------------------------------ start-up failures
+
+
+@pytest.mark.timeout(60)
+def test_bad_env_path_surfaces_with_the_workers_traceback(run_options, env_manager_factory, tmp_path):
+    run_options.env_settings.max_lifetime_restarts = 1
+    factory = create_environment_factory(
+        str(tmp_path / "NoSuchBuild"), True, True, 0, 1, 60, 5005, [], str(tmp_path)
+    )
+    manager = env_manager_factory(factory, 1, **FAST)
+    with pytest.raises(UnityEnvironmentException, match="Couldn't launch") as info:
+        manager.reset()
+        step_until(manager, lambda: False)
+    assert "env_utils.py" in str(info.value.__cause__)
+    assert any("its 1 restart(s)" in note for note in info.value.__notes__)
+
+
+@pytest.mark.timeout(60)
+def test_unity_exception_at_start_is_restarted(env_manager_factory, tmp_path):
+    factory = make_factory(
+        UnexpectedExceptionEnvironment,
+        exception_type=UnityTimeOutException,
+        during="init",
+        only_worker=0,
+        once_file=str(tmp_path / "fired"),
+    )
+    manager = env_manager_factory(factory, 2, **FAST)
+    manager.reset()
+    step_until(manager, lambda: manager.restart_counts.get("unity") == 1 and len(manager.worker_pids) == 2)
+
+
+def port_checking_env(worker_id, side_channels, base_port):
+    """Claims its port as mlagents-envs does for a Unity build (UnityWorkerInUseException if
+    taken), then releases it and plays SimpleEnvironment."""
+    RpcCommunicator(worker_id, base_port).close()
+    return SimpleEnvironment(worker_id, side_channels)
+
+
+def free_port_block(size):
+    for _ in range(100):
+        base = 20000 + (os.getpid() * 7 + int(time.time() * 1000)) % 30000
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as s:
+                    s.bind(("localhost", port))
+            return base
+        except OSError:
+            time.sleep(0.01)
+    pytest.fail("no free block of ports")
+
+
+@pytest.mark.timeout(60)
+def test_port_in_use_moves_the_worker_to_a_free_port(run_options, env_manager_factory, caplog):
+    base = free_port_block(4)
+    run_options.env_settings.base_port = base
+    with socket.socket() as holder:  # a player left from an earlier run, say
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("localhost", base + 1))
+        holder.listen()
+        factory = functools.partial(port_checking_env, base_port=base)
+        manager = env_manager_factory(factory, 2, **FAST)
+        with caplog.at_level(logging.WARNING):
+            manager.reset()
+            step_until(manager, lambda: len(manager.worker_pids) == 2)
+    assert f"port {base + 1} (worker id 1) is in use" in caplog.text
+    assert f"moving to worker id 2 (port {base + 2})" in caplog.text
+    assert manager.restart_counts == {}
+
+
+# --------------------------------------------------------------------- restart policy
+
+
+@pytest.mark.timeout(60)
+def test_quota_exceeded_reports_the_restart_history(run_options, env_manager_factory):
+    run_options.env_settings.max_lifetime_restarts = 2
+    run_options.env_settings.restarts_rate_limit_n = -1
+    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=UnityCommunicationException, after_steps=2)
+    manager = env_manager_factory(factory, 1, **FAST)
+    manager.reset()
+    with pytest.raises(UnityCommunicationException) as info:
+        step_until(manager, lambda: False)
+    note = " ".join(info.value.__notes__)
+    assert "max_lifetime_restarts=2" in note and "its 2 restart(s)" in note
+    assert note.count("after UnityCommunicationException: injected fault") == 2
+
+
+@pytest.mark.timeout(30)
+def test_backoff_doubles_within_the_rate_period(run_options, env_manager_factory, caplog):
+    run_options.env_settings.restarts_rate_limit_n = -1
+    run_options.env_settings.max_lifetime_restarts = 3
+    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=UnityCommunicationException, after_steps=2)
+    manager = env_manager_factory(factory, 1, restart_backoff_s=0.2)
+    manager.reset()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(UnityCommunicationException):
+        step_until(manager, lambda: False)
+    delays = [r.getMessage().split(" in ")[1].split(" s ")[0] for r in caplog.records if "Restarting" in r.getMessage()]
+    assert delays == ["0.2", "0.4", "0.8"]
+    assert time.monotonic() - started >= 0.2 + 0.4 + 0.8
+
+
+def test_backoff_resets_after_the_rate_period(run_options):
+    run_options.env_settings.restarts_rate_limit_period_s = 0.2
+    policy = RestartPolicy(run_options.env_settings, backoff_s=1.0)
+    error = UnityCommunicationException("x")
+    assert [policy.record(0, Cause.UNITY, error) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert policy.record(1, Cause.UNITY, error) == 1  # counted per worker
+    time.sleep(0.3)
+    assert policy.record(0, Cause.UNITY, error) == 1
+
+
+# --------------------------------------------------------------------------- signals
+
+
+@pytest.mark.timeout(30)
+def test_workers_ignore_sigint(env_manager_factory):
+    manager = env_manager_factory(make_factory(SimpleEnvironment), 2)
+    manager.reset()
+    for pid in manager.worker_pids.values():
+        os.kill(pid, signal.SIGINT)
+    step_n(manager, 50)
+    assert manager.restart_counts == {}
+    assert all(psutil.Process(pid).is_running() for pid in manager.worker_pids.values())
+
+
+# ---------------------------------------------------------------------------- health
+
+
+@pytest.mark.timeout(240)
+def test_health_reaches_the_stats_reporter_and_close_summarises(env_manager_factory, tmp_path, caplog):
+    factory = last_worker_faults(HardExitEnvironment, 2, tmp_path, exit_code=4)
+    manager = env_manager_factory(factory, 2, **FAST)
+    result = check_environment_trains(manager, success_threshold=0.7, max_steps=1500)
+    stats = result.stats["Simple"]
+    assert sum(stats["Environment/Env Workers/Restarts/died"]) == 1
+    assert sum(stats["Environment/Env Workers/Deaths"]) == 1
+    assert all(v > 0 for v in stats["Environment/Env Workers/Step Latency (ms)/worker 0"])
+    with caplog.at_level(logging.INFO):
+        manager.close()
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Env worker ")]
+    assert any(s.startswith("Env worker 1:") and "restarts: died 1" in s and "it exited" in s for s in summaries)
+    assert any(s.startswith("Env worker 0:") and "restarts: none" in s for s in summaries)
