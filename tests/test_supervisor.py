@@ -114,8 +114,9 @@ def test_training_behaviors_lists_every_behavior(env_manager_factory):
 
 
 @pytest.mark.timeout(30)
-def test_sigkilled_worker_raises_worker_died_error(env_manager_factory):
+def test_sigkilled_worker_raises_worker_died_error(run_options, env_manager_factory):
     # step_timeout_s is far beyond the test's timeout: only the sentinel can notice in time.
+    run_options.env_settings.max_lifetime_restarts = 0  # no restart: the death surfaces
     manager = env_manager_factory(make_factory(SimpleEnvironment, step_sleep_s=0.01), 2, step_timeout_s=600)
     manager.reset()
     victim = manager.worker_pids[1]
@@ -130,7 +131,8 @@ def test_sigkilled_worker_raises_worker_died_error(env_manager_factory):
 
 
 @pytest.mark.timeout(30)
-def test_worker_exiting_by_itself_raises_worker_died_error(env_manager_factory):
+def test_worker_exiting_by_itself_raises_worker_died_error(run_options, env_manager_factory):
+    run_options.env_settings.max_lifetime_restarts = 0
     factory = make_factory(HardExitEnvironment, exit_code=7, after_steps=3, only_worker=0)
     manager = env_manager_factory(factory, 2, step_timeout_s=600)
     manager.reset()
