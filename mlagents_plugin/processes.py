@@ -12,8 +12,9 @@
 #    later. ``find_tagged`` scans for it with psutil. This is what finds a player after its
 #    worker was SIGKILLed or died on its own, with no help from the dead worker.
 # 2. Snapshots. A process forked without exec (e.g. an env using multiprocessing's fork) keeps
-#    its parent's *initial* environ, so it carries no tag. Before the supervisor kills a live
-#    worker it takes ``psutil.Process(pid).children(recursive=True)`` and kills those too.
+#    its parent's *initial* environ, so it carries no tag. Before the shutdown ladder signals a
+#    live worker it takes ``psutil.Process(pid).children(recursive=True)``, and once the worker
+#    is reaped it kills what is left of those, and of the worker's tag (``kill_leftovers``).
 # 3. A parent watchdog in each worker (``watch_parent``). If the trainer itself is SIGKILLed,
 #    nobody is left to run 1 or 2, so each worker waits on a pidfd of the trainer (no polling)
 #    and, when it becomes readable, kills its own tagged descendants and exits: players are
@@ -33,6 +34,8 @@ from typing import Callable, Iterable, List, Optional
 import psutil
 
 OWNER_ENV = "MLAGENTS_PLUGIN_OWNER"
+# How long a leftover process (a player whose worker is gone) gets between SIGTERM and SIGKILL.
+LEFTOVER_GRACE_S = 0.5
 
 _SIGNAL_HINTS = {
     signal.SIGKILL: "out of memory? The kernel's OOM killer sends SIGKILL (check `dmesg`)",
@@ -101,6 +104,22 @@ def kill_processes(procs: Iterable[psutil.Process], grace_s: float) -> List[psut
             pass
     psutil.wait_procs(alive, timeout=grace_s)
     return alive
+
+
+def kill_leftovers(owner_tag: str, known: Iterable[psutil.Process] = ()) -> List[psutil.Process]:
+    """Kill what a reaped worker left running: its tagged processes, and ``known`` ones.
+
+    Returns what was found alive, for the caller to report.
+    """
+    found = {p.pid: p for p in find_tagged(owner_tag)}
+    for proc in known:
+        try:
+            if proc.is_running():  # also false if the pid was reused since the snapshot
+                found.setdefault(proc.pid, proc)
+        except psutil.Error:
+            pass
+    kill_processes(found.values(), LEFTOVER_GRACE_S)
+    return list(found.values())
 
 
 def watch_parent(pid: int, on_death: Callable[[], None]) -> None:

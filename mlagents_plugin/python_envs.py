@@ -6,11 +6,11 @@ trainer, and shipped to the workers with cloudpickle (see NOTE [ Shipping env fa
 """
 import functools
 import importlib
-import importlib.machinery
 import os
 import sys
+from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import cloudpickle
 from mlagents.trainers.exception import TrainerConfigError
@@ -102,10 +102,26 @@ def _importable_by_name(module: ModuleType) -> bool:
     path = getattr(module, "__file__", None)
     if path is None:
         return False
-    # PathFinder searches sys.path only; importlib.util.find_spec would answer from sys.modules.
-    spec = importlib.machinery.PathFinder.find_spec(name.partition(".")[0], sys.path)
+    spec = _find_spec_afresh(name.partition(".")[0])
     if spec is None:
         return False
     roots = list(spec.submodule_search_locations or [spec.origin])
     path = os.path.realpath(path)
     return any(path.startswith(os.path.realpath(root)) for root in roots if root)
+
+
+def _find_spec_afresh(name: str) -> Optional[ModuleSpec]:
+    """Find a top-level module as a new interpreter would: ask the import system's finders
+    (sys.path, and the meta-path finders of editable installs) without looking at sys.modules,
+    which ``importlib.util.find_spec`` would answer from."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            spec = find_spec(name, None)
+        except Exception:  # a third-party finder failing is "not found" for us
+            continue
+        if spec is not None:
+            return spec
+    return None

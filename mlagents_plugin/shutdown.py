@@ -28,8 +28,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, List, Optional
 
+import psutil
 from mlagents_envs import logging_util
 
+from mlagents_plugin import processes
 from mlagents_plugin.protocol import EnvironmentCommand
 
 logger = logging_util.get_logger(__name__)
@@ -57,6 +59,7 @@ class _Leaving:
         process: BaseProcess,
         conn: Optional[Connection],
         label: str,
+        owner_tag: str,
         last_command: Optional[EnvironmentCommand],
         on_closed: Callable[[Any], None],
     ):
@@ -64,10 +67,12 @@ class _Leaving:
         self.process = process
         self.conn = conn
         self.label = label
+        self.owner_tag = owner_tag
         self.last_command = last_command
         self.on_closed = on_closed
         self.stage = Stage.ASKED
         self.deadline = 0.0
+        self.descendants: List[psutil.Process] = []  # snapshots taken before each signal
 
 
 class Ladder:
@@ -85,12 +90,14 @@ class Ladder:
         process: BaseProcess,
         conn: Optional[Connection],
         label: str,
+        owner_tag: str,
         last_command: Optional[EnvironmentCommand],
         hung: bool = False,
         on_closed: Callable[[Any], None] = lambda payload: None,
     ) -> None:
-        """Start taking ``process`` down; a ``hung`` one starts at SIGTERM."""
-        item = _Leaving(key, process, conn, label, last_command, on_closed)
+        """Start taking ``process`` down; a ``hung`` one starts at SIGTERM. Once it is reaped,
+        whatever it left running (its tagged processes, its snapshotted children) is killed."""
+        item = _Leaving(key, process, conn, label, owner_tag, last_command, on_closed)
         item.deadline = time.monotonic() + self.shutdown_timeout_s
         self.leaving.append(item)
         if hung:
@@ -161,6 +168,7 @@ class Ladder:
             f"Zombie worker report: {item.label} {reason} (last command: "
             f"{_name(item.last_command)}); sending {sig.name}."
         )
+        item.descendants += processes.descendants(item.process.pid)
         try:
             if stage is Stage.TERM:
                 item.process.terminate()
@@ -190,6 +198,12 @@ class Ladder:
             item.process.close()
         self._close_conn(item)
         self.leaving.remove(item)
+        leftovers = processes.kill_leftovers(item.owner_tag, item.descendants)
+        if leftovers:
+            logger.warning(
+                f"Killed what {item.label} left running: "
+                + ", ".join(f"pid {p.pid}" for p in leftovers)
+            )
 
     @staticmethod
     def _close_conn(item: _Leaving) -> None:

@@ -268,7 +268,7 @@ class SupervisedEnvManager(EnvManager):
             run_options=self.run_options,
             log_level=logger.getEffectiveLevel(),
             trainer_pid=os.getpid(),
-            owner_tag=f"{self._owner}{slot.worker_id}.{slot.incarnation}/",
+            owner_tag=self._owner_tag(slot),
         )
         process = self._context.Process(
             target=worker_main,
@@ -283,6 +283,10 @@ class SupervisedEnvManager(EnvManager):
         slot.deadline = time.monotonic() + self.settings.startup_timeout_s
         slot.previous_step = EnvironmentStep.empty(slot.worker_id)
         slot.previous_all_action_info = {}
+
+    def _owner_tag(self, slot: _Slot) -> str:
+        """What the slot's current incarnation tags its descendants with (NOTE [ No orphans ])."""
+        return f"{self._owner}{slot.worker_id}.{slot.incarnation}/"
 
     def _send(self, slot: _Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.last_command = cmd
@@ -309,6 +313,7 @@ class SupervisedEnvManager(EnvManager):
             slot.process,
             slot.conn,
             slot.label,
+            self._owner_tag(slot),
             slot.awaiting or slot.last_command,
             hung=hung,
             on_closed=self._merge_worker_timers,

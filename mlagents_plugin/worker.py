@@ -41,7 +41,6 @@ from mlagents_plugin.protocol import (
 logger = logging_util.get_logger(__name__)
 
 TIMER_REPORT_INTERVAL_S = 1.0
-DESCENDANT_KILL_GRACE_S = 0.5
 
 
 class WorkerSpec(NamedTuple):
@@ -71,10 +70,11 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def _kill_descendants(owner_tag: Optional[str] = None) -> None:
     """Kill this worker's children and theirs; with ``owner_tag``, also its orphaned players."""
-    procs = processes.descendants(os.getpid())
-    if owner_tag is not None:
-        procs += processes.find_tagged(owner_tag)
-    processes.kill_processes({p.pid: p for p in procs}.values(), DESCENDANT_KILL_GRACE_S)
+    own = processes.descendants(os.getpid())
+    if owner_tag is None:
+        processes.kill_processes(own, processes.LEFTOVER_GRACE_S)
+    else:
+        processes.kill_leftovers(owner_tag, own)
 
 
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:

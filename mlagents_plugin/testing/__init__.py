@@ -26,6 +26,20 @@ from mlagents_plugin.testing.faulty_envs import (
 from mlagents_plugin.testing.simple_env import SimpleEnvironment, simple_env
 
 
+ENVIRONMENTS = {
+    cls.__name__: cls
+    for cls in (
+        SimpleEnvironment,
+        HangingEnvironment,
+        HardExitEnvironment,
+        PlayerLaunchingEnvironment,
+        RandomFaultEnvironment,
+        UnexpectedExceptionEnvironment,
+        UnpicklableExceptionEnvironment,
+    )
+}
+
+
 def make_factory(
     env_class: Callable[..., BaseEnv] = SimpleEnvironment, **kwargs: Any
 ) -> Callable[[int, List[SideChannel]], BaseEnv]:
@@ -39,9 +53,9 @@ def testing_env(
     """A YAML-friendly factory for any env here, e.g.
     ``env_manager: {env: "mlagents_plugin.testing:testing_env",
     env_kwargs: {env_class: HangingEnvironment, after_steps: 100}}``."""
-    if env_class not in __all__ or not env_class.endswith("Environment"):
-        raise ValueError(f"env_class must name an environment of mlagents_plugin.testing, not {env_class!r}")
-    return globals()[env_class](worker_id, side_channels, **kwargs)
+    if env_class not in ENVIRONMENTS:
+        raise ValueError(f"env_class must be one of {sorted(ENVIRONMENTS)}, not {env_class!r}")
+    return ENVIRONMENTS[env_class](worker_id, side_channels, **kwargs)
 
 
 def _build(

@@ -8,6 +8,7 @@ Every variant takes, besides SimpleEnvironment's arguments:
 - ``once_file``: fire only if this file does not exist yet, and create it, so the restarted
   env behaves (a restart is a new process: the marker is how it knows).
 """
+import fcntl
 import os
 import random
 import signal
@@ -197,6 +198,7 @@ class RandomFaultEnvironment(SimpleEnvironment):
     :param fault_probability: the chance that a step fails.
     :param kinds: which of "exception" (``exception_type``), "exit" (``os._exit(5)``), "hang"
         and "unity" (UnityCommunicationException) to draw from.
+    :param max_faults: faults stop once ``fault_log`` holds this many, across all workers.
     """
 
     def __init__(
@@ -206,12 +208,14 @@ class RandomFaultEnvironment(SimpleEnvironment):
         fault_probability: float = 0.01,
         kinds: Sequence[str] = FAULT_KINDS,
         exception_type: Type[BaseException] = RuntimeError,
+        max_faults: Optional[int] = None,
         **kwargs: Any,
     ):
         self.fault_log = fault_log
         self.fault_probability = fault_probability
         self.kinds = tuple(kinds)
         self.exception_type = exception_type
+        self.max_faults = max_faults
         super().__init__(*args, **kwargs)
         self.fault_rng = random.Random(os.getpid())
 
@@ -219,12 +223,25 @@ class RandomFaultEnvironment(SimpleEnvironment):
         super().step()
         if self.fault_rng.random() < self.fault_probability:
             kind = self.fault_rng.choice(self.kinds)
-            with open(self.fault_log, "a") as log:
-                log.write(f"{self.worker_id} {os.getpid()} {kind}\n")
-            if kind == "exception":
-                raise self.exception_type("random fault")
-            if kind == "exit":
-                os._exit(5)
-            if kind == "hang":
-                _sleep_forever()
-            raise UnityCommunicationException("random fault")
+            if self._log_fault(kind):
+                self._fire(kind)
+
+    def _log_fault(self, kind: str) -> bool:
+        """Append the fault to the log, unless ``max_faults`` are in it already (locked: every
+        worker writes to the same log)."""
+        with open(self.fault_log, "a+") as log:
+            fcntl.flock(log, fcntl.LOCK_EX)
+            log.seek(0)
+            if self.max_faults is not None and len(log.readlines()) >= self.max_faults:
+                return False
+            log.write(f"{self.worker_id} {os.getpid()} {kind}\n")
+            return True
+
+    def _fire(self, kind: str) -> None:
+        if kind == "exception":
+            raise self.exception_type("random fault")
+        if kind == "exit":
+            os._exit(5)
+        if kind == "hang":
+            _sleep_forever()
+        raise UnityCommunicationException("random fault")

@@ -128,6 +128,7 @@ class SimpleEnvironment(BaseEnv):
 
     def reset(self) -> None:
         self._read_env_parameters()
+        self._report_stats()
         for name in self._specs:
             everyone = np.ones(self.num_agents, dtype=bool)
             self._new_episodes(name, everyone)

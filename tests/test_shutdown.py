@@ -1,0 +1,251 @@
+"""Closing under stress, create/close cycles, interpreter exit, and no orphaned players."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mlagents_plugin.testing import (
+    HangingEnvironment,
+    HardExitEnvironment,
+    PlayerLaunchingEnvironment,
+    SimpleEnvironment,
+    make_factory,
+)
+
+SHUTDOWN, GRACE = 1.0, 1.0
+# What close() may take at worst: the ladder's two waits, plus the moment SIGKILL and reaping take.
+CLOSE_BOUND_S = SHUTDOWN + GRACE + 1.0
+
+
+class CrashingPlayerEnvironment(PlayerLaunchingEnvironment, HardExitEnvironment):
+    """Launches a player, then its worker dies without a word."""
+
+
+def players(pid_dir: Path):
+    return [int(p.name) for p in pid_dir.iterdir()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, within_s):
+    """True if every pid is gone within ``within_s`` (checked often, never waited on longer)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(alive(pid) for pid in pids):
+            return True
+        time.sleep(0.02)
+    return not any(alive(pid) for pid in pids)
+
+
+def close_and_time(manager) -> float:
+    started = time.monotonic()
+    manager.close()
+    return time.monotonic() - started
+
+
+# --------------------------------------------------------------------- close under stress
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("num_envs", [1, 4])
+@pytest.mark.parametrize(
+    "situation",
+    ["steps in flight", "dead workers", "hung workers", "sigterm-ignoring workers"],
+)
+def test_close_is_bounded_and_leaves_nothing(env_manager_factory, situation, num_envs):
+    kwargs = {
+        "steps in flight": dict(env_class=SimpleEnvironment, step_sleep_s=5.0),
+        "dead workers": dict(env_class=SimpleEnvironment),
+        "hung workers": dict(env_class=HangingEnvironment, after_steps=1),
+        "sigterm-ignoring workers": dict(env_class=HangingEnvironment, after_steps=1, ignore_sigterm=True),
+    }[situation]
+    manager = env_manager_factory(
+        make_factory(**kwargs), num_envs, shutdown_timeout_s=SHUTDOWN, kill_grace_s=GRACE,
+        step_timeout_s=600,
+    )
+    manager.reset()
+    pids = list(manager.worker_pids.values())
+    if situation == "dead workers":
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_gone(pids, 5)
+    else:
+        manager._queue_steps()  # steps are now in flight (and, for hung envs, never answered)
+        time.sleep(0.3)
+    assert close_and_time(manager) < CLOSE_BOUND_S
+    assert not any(alive(pid) for pid in pids)
+    assert close_and_time(manager) < 0.1  # twice is harmless
+
+
+@pytest.mark.timeout(60)
+def test_interpreter_exit_never_waits_on_a_worker(tmp_path):
+    script = tmp_path / "forgets_to_close.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from mlagents.trainers.settings import RunOptions
+            from mlagents_plugin import SupervisedEnvManager, EnvManagerSettings
+            from mlagents_plugin.testing import HangingEnvironment, make_factory
+
+            if __name__ == "__main__":
+                factory = make_factory(HangingEnvironment, after_steps=1, ignore_sigterm=True)
+                settings = EnvManagerSettings(shutdown_timeout_s={SHUTDOWN}, kill_grace_s={GRACE})
+                manager = SupervisedEnvManager(factory, RunOptions(), 2, settings)
+                manager.reset()
+                manager._queue_steps()
+                print("PIDS", *manager.worker_pids.values(), flush=True)
+                # no close(): the interpreter exits with two hung, SIGTERM-ignoring workers
+            """
+        )
+    )
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-2000:]
+    pids = [int(p) for line in result.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+    assert "Zombie worker report" in result.stdout
+    assert elapsed < 30  # startup included; the exit itself is bounded by the ladder
+
+
+@pytest.mark.timeout(600)
+def test_create_step_close_cycles_leak_nothing(env_manager_factory):
+    me = psutil.Process()
+
+    def cycle():
+        manager = env_manager_factory(make_factory(SimpleEnvironment), 8)
+        manager.reset()
+        for _ in range(5):
+            manager.get_steps()
+        manager.close()
+
+    cycle()  # starts multiprocessing's fork server, which stays for the whole session
+    fds, children = me.num_fds(), len(me.children(recursive=True))
+    for _ in range(50):
+        cycle()
+    assert me.num_fds() == fds
+    assert len(me.children(recursive=True)) == children
+
+
+# ------------------------------------------------------------------------------ orphans
+
+
+@pytest.mark.timeout(60)
+def test_close_takes_the_players_down(env_manager_factory, tmp_path):
+    manager = env_manager_factory(make_factory(PlayerLaunchingEnvironment, player_pid_dir=str(tmp_path)), 4)
+    manager.reset()
+    assert len(players(tmp_path)) == 4
+    manager.close()
+    assert not any(alive(pid) for pid in players(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_crashed_workers_player_is_killed(env_manager_factory, tmp_path):
+    pid_dir = tmp_path / "players"
+    pid_dir.mkdir()
+    factory = make_factory(
+        CrashingPlayerEnvironment,
+        player_pid_dir=str(pid_dir),
+        after_steps=3,
+        only_worker=1,
+        once_file=str(tmp_path / "fired"),
+    )
+    manager = env_manager_factory(factory, 2, restart_backoff_s=0.0)
+    manager.reset()
+    first = set(players(pid_dir))
+    for _ in range(2000):  # until the restarted worker has launched its own player
+        manager.get_steps()
+        if len(players(pid_dir)) == 3:
+            break
+    assert manager.restart_counts == {"died": 1}
+    orphaned = first - {pid for pid in first if alive(pid)}
+    assert len(orphaned) == 1, "the crashed worker's player must be gone, the other one alive"
+    assert len([pid for pid in players(pid_dir) if alive(pid)]) == 2  # the new one runs
+
+
+@pytest.mark.timeout(60)
+def test_a_sigkilled_workers_player_is_killed(env_manager_factory, tmp_path):
+    manager = env_manager_factory(
+        make_factory(PlayerLaunchingEnvironment, player_pid_dir=str(tmp_path)), 2, restart_backoff_s=0.0
+    )
+    manager.reset()
+    (victim_player,) = [pid for pid in players(tmp_path)][:1]
+    victim_worker = psutil.Process(victim_player).ppid()
+    os.kill(victim_worker, signal.SIGKILL)
+    for _ in range(200):
+        manager.get_steps()
+        if manager.restart_counts.get("died") == 1 and len(manager.worker_pids) == 2:
+            break
+    assert not alive(victim_player)
+
+
+TRAINER_SCRIPT = """
+import sys, time
+from mlagents.trainers.settings import RunOptions
+from mlagents_plugin import SupervisedEnvManager
+from mlagents_plugin.testing import PlayerLaunchingEnvironment, make_factory
+
+if __name__ == "__main__":
+    manager = SupervisedEnvManager(
+        make_factory(PlayerLaunchingEnvironment, player_pid_dir=sys.argv[1], step_sleep_s=0.01),
+        RunOptions(), 2)
+    manager.reset()
+    print("WORKERS", *manager.worker_pids.values(), flush=True)
+    while True:
+        manager.get_steps()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_trainer_takes_workers_and_players_down(tmp_path):
+    """Nobody is left to close anything: each worker's watchdog must do it (NOTE [ No orphans ])."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER_SCRIPT)
+    pid_dir = tmp_path / "players"
+    pid_dir.mkdir()
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), str(pid_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = trainer.stdout.readline()
+        workers = [int(p) for p in line.split()[1:]]
+        assert len(workers) == 2, line
+        forkserver = [p.pid for p in psutil.Process(trainer.pid).children()]
+        time.sleep(0.5)
+        trainer.kill()
+        trainer.wait()
+        everything = workers + players(pid_dir) + forkserver
+        assert len(everything) >= 4
+        assert wait_gone(everything, within_s=2.0), [p for p in everything if alive(p)]
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+class HangingPlayerEnvironment(PlayerLaunchingEnvironment, HangingEnvironment):
+    """Launches a player, then hangs ignoring SIGTERM: only SIGKILL takes its worker down."""
+
+
+@pytest.mark.timeout(60)
+def test_a_force_killed_workers_player_is_killed(env_manager_factory, tmp_path):
+    factory = make_factory(
+        HangingPlayerEnvironment, player_pid_dir=str(tmp_path), after_steps=1, ignore_sigterm=True
+    )
+    manager = env_manager_factory(factory, 2, shutdown_timeout_s=SHUTDOWN, kill_grace_s=GRACE)
+    manager.reset()
+    manager._queue_steps()
+    time.sleep(0.3)
+    manager.close()
+    assert len(players(tmp_path)) == 2
+    assert not any(alive(pid) for pid in players(tmp_path))

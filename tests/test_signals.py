@@ -1,0 +1,133 @@
+"""Ctrl-C and SIGTERM to a real `mlagents-learn`: the model is saved, nothing is left behind,
+and a second Ctrl-C stops at once (NOTE [ Trainer signals ])."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.e2e
+
+
+def start_training(tmp_path: Path, env_kwargs: dict, **env_manager) -> subprocess.Popen:
+    config = yaml.safe_load((REPO / "config" / "simple_python_env.yaml").read_text())
+    config["behaviors"]["Simple"]["max_steps"] = 10**7  # runs until it is stopped
+    config["env_manager"] = {
+        "env": "mlagents_plugin.testing:testing_env",
+        "env_kwargs": env_kwargs,
+        **env_manager,
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    return subprocess.Popen(
+        [MLAGENTS_LEARN, "config.yaml", "--run-id=sig", "--results-dir=results", "--num-envs=2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, like a job in a terminal
+    )
+
+
+def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    for line in trainer.stdout:
+        output.append(line)
+        if text in line:
+            return
+        if time.monotonic() > deadline:
+            break
+    pytest.fail(f"never saw {text!r}:\n{''.join(output[-40:])}")
+
+
+def group_members(pgid: int):
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return members
+
+
+def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
+    """Wait (bounded) for the trainer to exit; return how long it took."""
+    started = time.monotonic()
+    try:
+        rest, _ = trainer.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.communicate()
+        pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output[-40:])}")
+    output.append(rest)
+    return time.monotonic() - started
+
+
+def assert_nothing_left(trainer: subprocess.Popen, player_dir: Path) -> None:
+    players = [int(p.name) for p in player_dir.iterdir()]
+    assert len(players) >= 2
+    assert not [p for p in players if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert group_members(trainer.pid) == []
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_one_interrupt_saves_the_model_and_leaves_nothing(tmp_path, how):
+    players = tmp_path / "players"
+    players.mkdir()
+    trainer = start_training(
+        tmp_path,
+        {"env_class": "PlayerLaunchingEnvironment", "player_pid_dir": str(players), "step_sleep_s": 0.005},
+    )
+    output: list = []
+    try:
+        wait_for_line(trainer, "Step: 500.", output)
+        if how == "ctrl-c":
+            os.killpg(trainer.pid, signal.SIGINT)  # what a terminal does
+        else:
+            os.kill(trainer.pid, signal.SIGTERM)
+        finish(trainer, output, timeout_s=60)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    text = "".join(output)
+    assert "Learning was interrupted" in text, text[-3000:]
+    assert (tmp_path / "results" / "sig" / "Simple.onnx").exists()
+    assert_nothing_left(trainer, players)
+
+
+@pytest.mark.timeout(240)
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    trainer = start_training(
+        tmp_path,
+        {
+            "env_class": "HangingEnvironment",
+            "during": "close",
+            "ignore_sigterm": True,
+            "step_sleep_s": 0.005,
+        },
+        shutdown_timeout_s=120,
+        kill_grace_s=120,
+    )
+    output: list = []
+    try:
+        wait_for_line(trainer, "Step: 500.", output)
+        os.killpg(trainer.pid, signal.SIGINT)
+        wait_for_line(trainer, "Learning was interrupted", output)
+        time.sleep(2.0)  # the model is saved and close() waits for workers that never close
+        os.killpg(trainer.pid, signal.SIGINT)
+        took = finish(trainer, output, timeout_s=60)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    assert took < 30  # far below the 240 s the ladder would have waited
+    assert "was killed at once on a second interrupt" in "".join(output)
+    assert group_members(trainer.pid) == []
