@@ -1,44 +1,29 @@
 """The real `mlagents-learn` CLI, as a subprocess: the plugin is picked up, the YAML section is
 accepted or refused, and a run ends with valid .onnx models."""
-import subprocess
-import sys
-from pathlib import Path
-
 import onnx
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
+from helpers import run_learn, write_config
 
 pytestmark = pytest.mark.e2e
 
 
-def run_learn(tmp_path: Path, config: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    return subprocess.run(
-        [MLAGENTS_LEARN, str(config_path), "--run-id=cli", f"--results-dir={tmp_path / 'results'}", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def python_env_config(tmp_path, section=None, **env_manager):
+    def edit(config):
+        config["behaviors"]["Simple"]["max_steps"] = 1000
+        config["env_manager"].update(env_manager)
+        if section is not None:
+            config["env_manager"] = section
 
-
-def python_env_config(**env_manager) -> dict:
-    config = yaml.safe_load((REPO / "config" / "simple_python_env.yaml").read_text())
-    config["behaviors"]["Simple"]["max_steps"] = 1000
-    config["env_manager"].update(env_manager)
-    return config
+    return write_config(tmp_path, "simple_python_env.yaml", edit)
 
 
 @pytest.mark.timeout(300)
 def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
-    result = run_learn(tmp_path, python_env_config(shutdown_timeout_s=5), "--num-envs=2")
+    result = run_learn(tmp_path, python_env_config(tmp_path, shutdown_timeout_s=5), "--num-envs=2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Env manager: SupervisedEnvManager (mlagents-plugin) with 2 worker(s)" in result.stdout
-    run_dir = tmp_path / "results" / "cli"
+    run_dir = tmp_path / "results" / "run"
     effective = yaml.safe_load((run_dir / "env_manager.yaml").read_text())
     assert effective["manager"] == "SupervisedEnvManager"
     assert effective["env_manager"]["shutdown_timeout_s"] == 5.0
@@ -63,9 +48,7 @@ def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
     ids=["unknown-key", "wrong-type", "bad-choice", "negative", "not-a-mapping"],
 )
 def test_invalid_section_stops_the_run_before_anything_starts(tmp_path, section, expected):
-    config = python_env_config()
-    config["env_manager"] = section
-    result = run_learn(tmp_path, config, "--num-envs=2", timeout=100)
+    result = run_learn(tmp_path, python_env_config(tmp_path, section), "--num-envs=2", timeout=100)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "TrainerConfigError" in output and expected in output

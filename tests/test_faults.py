@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from helpers import free_port_block
 from mlagents.trainers.learn import create_environment_factory
 from mlagents_envs.exception import (
     UnityCommunicationException,
@@ -262,19 +263,6 @@ def port_checking_env(worker_id, side_channels, base_port):
     taken), then releases it and plays SimpleEnvironment."""
     RpcCommunicator(worker_id, base_port).close()
     return SimpleEnvironment(worker_id, side_channels)
-
-
-def free_port_block(size):
-    for _ in range(100):
-        base = 20000 + (os.getpid() * 7 + int(time.time() * 1000)) % 30000
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("localhost", port))
-            return base
-        except OSError:
-            time.sleep(0.01)
-    pytest.fail("no free block of ports")
 
 
 @pytest.mark.timeout(60)

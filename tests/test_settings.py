@@ -44,3 +44,5 @@ def test_disabled_gives_back_upstreams_manager(monkeypatch):
         assert type(manager) is SubprocessEnvManager
     finally:
         manager.close()
+        for worker in manager.env_workers:  # upstream's close() does not join its workers
+            worker.process.join(timeout=10)

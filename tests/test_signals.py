@@ -3,31 +3,32 @@ and a second Ctrl-C stops at once (NOTE [ Trainer signals ])."""
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-import yaml
-
-MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
-REPO = Path(__file__).resolve().parents[1]
+from helpers import learn_command, write_config
 
 pytestmark = pytest.mark.e2e
 
 
 def start_training(tmp_path: Path, env_kwargs: dict, **env_manager) -> subprocess.Popen:
-    config = yaml.safe_load((REPO / "config" / "simple_python_env.yaml").read_text())
-    config["behaviors"]["Simple"]["max_steps"] = 10**7  # runs until it is stopped
-    config["env_manager"] = {
-        "env": "mlagents_plugin.testing:testing_env",
-        "env_kwargs": env_kwargs,
-        **env_manager,
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    def edit(config):
+        config["behaviors"]["Simple"]["max_steps"] = 10**7  # runs until it is stopped
+        config["env_manager"] = {
+            "env": "mlagents_plugin.testing:testing_env",
+            "env_kwargs": env_kwargs,
+            **env_manager,
+        }
+
+    config = write_config(tmp_path, "simple_python_env.yaml", edit)
+    return start_learn(tmp_path, learn_command(config, "--num-envs=2"))
+
+
+def start_learn(tmp_path: Path, command) -> subprocess.Popen:
     return subprocess.Popen(
-        [MLAGENTS_LEARN, "config.yaml", "--run-id=sig", "--results-dir=results", "--num-envs=2"],
+        command,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -47,15 +48,21 @@ def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s:
     pytest.fail(f"never saw {text!r}:\n{''.join(output[-40:])}")
 
 
-def group_members(pgid: int):
-    members = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return members
+def group_members(pgid: int, settle_s: float = 3.0):
+    """Processes left in the trainer's process group, once those already exiting are gone
+    (multiprocessing's fork server, for one, leaves when it sees the trainer has)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        members = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    members.append(proc.pid)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        if not members or time.monotonic() > deadline:
+            return members
+        time.sleep(0.05)
 
 
 def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
@@ -100,7 +107,7 @@ def test_one_interrupt_saves_the_model_and_leaves_nothing(tmp_path, how):
             os.killpg(trainer.pid, signal.SIGKILL)
     text = "".join(output)
     assert "Learning was interrupted" in text, text[-3000:]
-    assert (tmp_path / "results" / "sig" / "Simple.onnx").exists()
+    assert (tmp_path / "results" / "run" / "Simple.onnx").exists()
     assert_nothing_left(trainer, players)
 
 
