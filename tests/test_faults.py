@@ -28,7 +28,7 @@ from mlagents_plugin.testing import (
     UnpicklableExceptionEnvironment,
     make_factory,
 )
-from mlagents_plugin.testing.training import check_environment_trains
+from mlagents_plugin.testing.training import train
 
 START_METHODS = ["forkserver", "spawn", "fork"]
 FAST = dict(restart_backoff_s=0.0)
@@ -346,7 +346,7 @@ def test_workers_ignore_sigint(env_manager_factory):
 def test_health_reaches_the_stats_reporter_and_close_summarises(env_manager_factory, tmp_path, caplog):
     factory = last_worker_faults(HardExitEnvironment, 2, tmp_path, exit_code=4)
     manager = env_manager_factory(factory, 2, **FAST)
-    result = check_environment_trains(manager, success_threshold=0.7, max_steps=1500)
+    result = train(manager, max_steps=1500)
     stats = result.stats["Simple"]
     assert sum(stats["Environment/Env Workers/Restarts/died"]) == 1
     assert sum(stats["Environment/Env Workers/Deaths"]) == 1

@@ -49,7 +49,7 @@ def test_subprocess_failing_step(env_manager_factory, num_envs):
 @pytest.mark.parametrize("num_envs", [1, 4])
 def test_ppo_trains_through_supervised_manager(env_manager_factory, num_envs):
     manager = env_manager_factory(make_factory(SimpleEnvironment), num_envs)
-    check_environment_trains(manager, success_threshold=0.7, max_steps=2000)
+    check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
 
 
 @pytest.mark.timeout(60)
@@ -171,7 +171,7 @@ def test_unity_exception_restarts_the_worker_within_quota(env_manager_factory, t
     )
     manager = env_manager_factory(factory, 2)
     first_pid = manager.worker_pids[1]
-    check_environment_trains(manager, success_threshold=0.7, max_steps=1500)
+    check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
     assert (tmp_path / "fired").exists()
     assert manager.worker_pids[1] != first_pid
 
