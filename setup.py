@@ -15,6 +15,8 @@ setup(
     # satisfied on Python 3.11 (see docs/install.md and requirements/mlagents-py311.txt).
     install_requires=[
         "attrs",
+        "grpcio>=1.49",
+        "Pillow",
         "cattrs>=1.1,<1.7",
         "cloudpickle",
         "numpy>=1.23.5,<1.24",
@@ -27,5 +29,6 @@ setup(
     entry_points={
         "mlagents.trainer_type": ["mlagents_plugin = mlagents_plugin.plugin:register"],
         "pytest11": ["mlagents_plugin = mlagents_plugin.testing.pytest_plugin"],
+        "console_scripts": ["mlagents-plugin-player = mlagents_plugin.player.__main__:main"],
     },
 )

@@ -1,84 +1,120 @@
-"""``make demo``: stock ``mlagents-learn`` trains through SupervisedEnvManager, then a summary.
+"""``make demo``: stock ``mlagents-learn`` trains on four Unity-like builds, one of which
+crashes mid-run and is restarted, then a summary.
 
-    python -m mlagents_plugin.demo [--num-envs 4] [--results-dir results]
+    python -m mlagents_plugin.demo [--num-envs 4] [--agents-per-env 4] [--no-crash]
 
-It runs ``mlagents-learn config/simple_python_env.yaml`` in a subprocess (exactly what a user
-types), streams its output, and then reads the run's TensorBoard events and model files.
+The builds are the headless player's goal scene (``python -m mlagents_plugin.player
+make-build``); ``mlagents-learn`` launches them, exactly as it launches Unity builds, and
+trains through SupervisedEnvManager. The summary is read from the run's TensorBoard events.
 """
 import argparse
 import glob
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
+
+from mlagents_plugin.player.build import make_build
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "config" / "simple_python_env.yaml"
-REWARD_TAG = "Environment/Cumulative Reward"
+CONFIG = REPO / "config" / "goal_player.yaml"
+BEHAVIOR = "Goal"
+REWARD = "Environment/Cumulative Reward"
+RESTARTS = "Environment/Env Workers/Restarts/"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlagents_plugin.demo", description=__doc__)
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--num-envs", type=int, default=4)
+    parser.add_argument("--agents-per-env", type=int, default=4)
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--run-id", default="demo")
+    parser.add_argument("--no-crash", action="store_true", help="do not crash a build mid-run")
     args = parser.parse_args(argv)
 
-    learn = str(Path(sys.executable).parent / "mlagents-learn")
+    run_dir = Path(args.results_dir) / args.run_id
+    build = make_build(str(Path(args.results_dir) / "demo-builds"), "goal")
+    base_port = _free_port_block(args.num_envs + 8)
+    player_args = ["--num-agents", str(args.agents_per_env)]
+    if not args.no_crash:
+        once = Path(args.results_dir) / "demo-builds" / "crashed-once"
+        once.unlink(missing_ok=True)
+        # Build 1 crashes (exit code 3) at its 300th step, the first time only.
+        player_args += ["--crash-after-steps", "300", "--fault-port", str(base_port + 1), "--fault-once", str(once)]
     command = [
-        learn,
-        args.config,
-        f"--run-id={args.run_id}",
+        str(Path(sys.executable).parent / "mlagents-learn"),
+        str(CONFIG),
+        f"--env={build.with_suffix('')}",
         f"--num-envs={args.num_envs}",
+        f"--base-port={base_port}",
+        f"--run-id={args.run_id}",
         f"--results-dir={args.results_dir}",
         "--force",
+        "--env-args",
+        *player_args,
     ]
     print("$ " + " ".join(command), flush=True)
     started = time.monotonic()
     returncode = subprocess.call(command)
-    elapsed = time.monotonic() - started
-    run_dir = Path(args.results_dir) / args.run_id
-    print(summary(run_dir, returncode, elapsed, args.num_envs))
+    print(summary(run_dir, returncode, time.monotonic() - started, args.agents_per_env))
     return returncode
 
 
-def summary(run_dir: Path, returncode: int, elapsed_s: float, num_envs: int) -> str:
-    scalars = _read_rewards(run_dir)
-    models = sorted(glob.glob(str(run_dir / "*.onnx")))
-    lines = ["", "=" * 72, f"mlagents-learn exited with code {returncode} after {elapsed_s:.1f} s"]
-    for behavior, (steps, reward, steps_per_s) in scalars.items():
+def summary(run_dir: Path, returncode: int, elapsed_s: float, agents_per_env: int) -> str:
+    lines = ["", "=" * 72, f"mlagents-learn exited with code {returncode} after {elapsed_s:.0f} s"]
+    stats = _scalars(run_dir / BEHAVIOR)
+    if REWARD in stats:
+        steps, rewards, wall = stats[REWARD]
+        rate = (steps[-1] - steps[0]) / (wall[-1] - wall[0]) if len(steps) > 1 else float("nan")
         lines.append(
-            f"{behavior}: {steps} steps with {num_envs} env workers, {steps_per_s:.0f} steps/s; "
-            f"final mean reward {reward:.3f}"
+            f"{BEHAVIOR}: {steps[-1]} agent steps, {rate:.0f} agent steps/s "
+            f"({rate / agents_per_env:.0f} env steps/s) between the first and last summary"
         )
-    if not scalars:
+        lines.append(f"Final mean reward: {rewards[-1]:.3f} (the optimum is about 0.97)")
+    else:
         lines.append("No reward was recorded: see the output above.")
-    lines.append("Models: " + (", ".join(models) if models else "none written"))
-    lines.append(f"Env manager settings: {run_dir / 'env_manager.yaml'}")
+    restarts = {tag[len(RESTARTS):]: int(sum(values)) for tag, (_, values, _) in stats.items() if tag.startswith(RESTARTS)}
+    lines.append(
+        "Env worker restarts by cause: "
+        + (", ".join(f"{cause} {n}" for cause, n in sorted(restarts.items())) if restarts else "none")
+    )
+    models = sorted(glob.glob(str(run_dir / "*.onnx")))
+    lines.append("Model for Unity: " + (", ".join(models) if models else "none written"))
+    lines.append(f"Env manager settings: {run_dir / 'env_manager.yaml'}; player logs: {run_dir / 'run_logs'}")
     lines.append(f"TensorBoard: tensorboard --logdir {run_dir.parent}")
     lines.append("=" * 72)
     return "\n".join(lines)
 
 
-def _read_rewards(run_dir: Path) -> Dict[str, Tuple[int, float, float]]:
-    """Per behaviour: the last step, the last mean reward, and steps/s between summaries."""
+def _scalars(directory: Path) -> Dict[str, tuple]:
+    """tag -> (steps, values, wall times) from the TensorBoard events in ``directory``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not directory.is_dir():
+        return {}
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    accumulator.Reload()
     found = {}
-    for behavior_dir in sorted(p for p in run_dir.glob("*") if p.is_dir()):
-        accumulator = EventAccumulator(str(behavior_dir))
-        accumulator.Reload()
-        if REWARD_TAG not in accumulator.Tags().get("scalars", []):
-            continue
-        events = accumulator.Scalars(REWARD_TAG)
-        first, last = events[0], events[-1]
-        span_s = last.wall_time - first.wall_time
-        rate = (last.step - first.step) / span_s if span_s > 0 else float("nan")
-        found[behavior_dir.name] = (last.step, last.value, rate)
+    for tag in accumulator.Tags()["scalars"]:
+        events = accumulator.Scalars(tag)
+        found[tag] = ([e.step for e in events], [e.value for e in events], [e.wall_time for e in events])
     return found
+
+
+def _free_port_block(size: int) -> int:
+    """The first of ``size`` free consecutive ports from 5005 (the builds' default) upwards."""
+    base = 5005
+    while True:
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as s:
+                    s.bind(("localhost", port))
+            return base
+        except OSError:
+            base += size
 
 
 if __name__ == "__main__":

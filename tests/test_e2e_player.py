@@ -1,0 +1,209 @@
+"""Stock `mlagents-learn` training on player builds, over real gRPC ports, through the plugin."""
+import os
+import signal
+import subprocess
+import time
+
+import onnx
+import psutil
+import pytest
+from helpers import free_port_block, learn_command, run_learn, scalars, write_config
+
+from mlagents_plugin.player.build import make_build
+
+pytestmark = pytest.mark.e2e
+
+THRESHOLD = 0.85  # the optimum of the default goal scene is 0.97; a random policy gets about 0
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("builds")
+    make_build(str(directory), "goal")
+    make_build(str(directory), "visual")
+    return directory
+
+
+def goal_config(tmp_path, max_steps=5000, env_manager=None, parameters=None, summary_freq=1000):
+    def edit(config):
+        config["behaviors"]["Goal"]["max_steps"] = max_steps
+        config["behaviors"]["Goal"]["summary_freq"] = summary_freq
+        if env_manager:
+            config["env_manager"] = env_manager
+        if parameters:
+            config["environment_parameters"] = parameters
+
+    return write_config(tmp_path, "goal_player.yaml", edit)
+
+
+def train(tmp_path, builds, config, *player_flags, scene="goal", num_envs=4, learn_args=(), timeout=300):
+    result = run_learn(
+        tmp_path,
+        config,
+        f"--env={builds / scene}",
+        f"--num-envs={num_envs}",
+        f"--base-port={free_port_block(num_envs + 8)}",
+        *learn_args,
+        "--env-args", "--num-agents", "4", *player_flags,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+def run_dir(tmp_path):
+    return tmp_path / "results" / "run"
+
+
+def final_reward(tmp_path, behavior="Goal"):
+    return scalars(run_dir(tmp_path), behavior)["Environment/Cumulative Reward"][-1]
+
+
+def restarts(tmp_path, cause, behavior="Goal"):
+    return sum(scalars(run_dir(tmp_path), behavior).get(f"Environment/Env Workers/Restarts/{cause}", []))
+
+
+def players_of(tmp_path):
+    """Players logging into this test's results folder (their -logFile)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            cmdline = " ".join(proc.cmdline())
+            if "mlagents_plugin.player" in cmdline and str(tmp_path) in cmdline and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.timeout(400)
+def test_ppo_on_four_builds_reaches_the_threshold(tmp_path, builds):
+    train(tmp_path, builds, goal_config(tmp_path))
+    assert final_reward(tmp_path) > THRESHOLD
+    onnx.checker.check_model(onnx.load(str(run_dir(tmp_path) / "Goal.onnx")))
+    assert len(list((run_dir(tmp_path) / "run_logs").glob("Player-*.log"))) == 4  # -logFile
+
+
+@pytest.mark.timeout(400)
+def test_a_crashed_build_is_restarted_and_training_finishes(tmp_path, builds):
+    result = train(
+        tmp_path, builds, goal_config(tmp_path, env_manager={"restart_backoff_s": 0.5}),
+        "--crash-after-steps", "200", "--fault-once", str(tmp_path / "crashed"),
+    )
+    assert (tmp_path / "crashed").exists()
+    assert "Restarting env worker" in result.stdout and "return code 3" in result.stdout
+    assert restarts(tmp_path, "unity") == 1
+    assert final_reward(tmp_path) > THRESHOLD
+
+
+@pytest.mark.timeout(400)
+def test_a_hung_build_is_restarted(tmp_path, builds):
+    # The hang is noticed after --timeout-wait; the other builds must still be training then.
+    result = train(
+        tmp_path, builds, goal_config(tmp_path, max_steps=8000, env_manager={"shutdown_timeout_s": 2, "restart_backoff_s": 0}),
+        "--hang-after-steps", "20", "--fault-once", str(tmp_path / "hung"),
+        learn_args=("--timeout-wait=10",),
+    )
+    assert (tmp_path / "hung").exists()
+    assert "UnityTimeOutException" in result.stdout
+    assert restarts(tmp_path, "unity") == 1
+
+
+@pytest.mark.timeout(400)
+def test_a_build_dying_in_the_handshake_is_restarted(tmp_path, builds):
+    """mlagents-envs alone would wait forever: the build is gone between two handshake calls."""
+    result = train(
+        tmp_path, builds, goal_config(tmp_path, max_steps=1000, env_manager={"startup_timeout_s": 15, "restart_backoff_s": 0}),
+        "--die-during-handshake", "--fault-once", str(tmp_path / "died"),
+    )
+    assert "did not finish building its env within startup_timeout_s=15.0 s" in result.stdout
+    assert restarts(tmp_path, "hung") == 1
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_saves_the_model_and_leaves_no_player(tmp_path, builds):
+    config = goal_config(tmp_path, max_steps=10**7)
+    trainer = subprocess.Popen(
+        learn_command(config, f"--env={builds / 'goal'}", "--num-envs=2", f"--base-port={free_port_block(10)}"),
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    output = []
+    try:
+        for line in trainer.stdout:
+            output.append(line)
+            if "Step: 1000." in line:
+                break
+        assert len(players_of(tmp_path)) == 2, "".join(output[-30:])
+        os.killpg(trainer.pid, signal.SIGINT)  # what a terminal does
+        output.append(trainer.communicate(timeout=60)[0])
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    assert "Learning was interrupted" in "".join(output)
+    assert (run_dir(tmp_path) / "Goal.onnx").exists()
+    deadline = time.monotonic() + 3
+    while players_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert players_of(tmp_path) == []
+
+
+@pytest.mark.timeout(400)
+def test_curriculum_lessons_reach_the_build(tmp_path, builds):
+    parameters = {
+        "goal_distance": {
+            "curriculum": [
+                {"name": "near", "completion_criteria": {"measure": "reward", "behavior": "Goal",
+                 "threshold": 0.6, "min_lesson_length": 50, "signal_smoothing": False}, "value": 1.0},
+                {"name": "far", "value": 4.0},
+            ]
+        }
+    }
+    train(tmp_path, builds, goal_config(tmp_path, max_steps=4000, parameters=parameters, summary_freq=200))
+    stats = scalars(run_dir(tmp_path), "Goal")
+    distances = stats["Goal/Goal Distance"]  # a custom stat, sent by the build through the stats channel
+    assert 1.0 in distances and distances[-1] == 4.0
+    assert stats["Environment/Lesson Number/goal_distance"][-1] == 1.0
+
+
+@pytest.mark.timeout(600)
+def test_visual_scene_trains(tmp_path, builds):
+    def edit(config):
+        config["behaviors"]["GoalVisual"] = config["behaviors"].pop("Goal")
+        config["behaviors"]["GoalVisual"]["max_steps"] = 2000
+
+    config = write_config(tmp_path, "goal_player.yaml", edit)
+    train(tmp_path, builds, config, scene="visual", num_envs=2, timeout=540)
+    model = onnx.load(str(run_dir(tmp_path) / "GoalVisual.onnx"))
+    onnx.checker.check_model(model)
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1:] == [3, 84, 84]
+
+
+@pytest.mark.timeout(300)
+def test_editor_mode_with_a_player_started_by_hand(tmp_path):
+    """Without --env, mlagents-learn waits on port 5004 for the Editor; the player stands in."""
+    config = goal_config(tmp_path, max_steps=1000)
+    trainer = subprocess.Popen(
+        learn_command(config), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    player = None
+    output = []
+    try:
+        for line in trainer.stdout:
+            output.append(line)
+            if "Listening on port 5004" in line:
+                player = subprocess.Popen(
+                    [str(os.path.join(os.path.dirname(os.sys.executable), "mlagents-plugin-player")),
+                     "--scene", "goal", "--num-agents", "4"],
+                    stderr=subprocess.DEVNULL,
+                )
+                break
+        output.append(trainer.communicate(timeout=240)[0])
+        assert trainer.returncode == 0, "".join(output)[-4000:]
+        assert player is not None and player.wait(timeout=10) == 0
+    finally:
+        for process in (trainer, player):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    assert (run_dir(tmp_path) / "Goal.onnx").exists()
