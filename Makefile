@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OVERRIDES := requirements/mlagents-py311.txt
-PYTEST_ARGS ?=
+# Two pytest workers: most tests wait on processes, timeouts and ports more than they compute.
+PYTEST_ARGS ?= -n 2
 
 .PHONY: install demo test doctor clean
 

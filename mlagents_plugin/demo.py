@@ -42,8 +42,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_crash:
         once = Path(args.results_dir) / "demo-builds" / "crashed-once"
         once.unlink(missing_ok=True)
-        # Build 1 crashes (exit code 3) at its 300th step, the first time only.
-        player_args += ["--crash-after-steps", "300", "--fault-port", str(base_port + 1), "--fault-once", str(once)]
+        # Build 1 crashes (exit code 3) at its 150th step, the first time only.
+        player_args += ["--crash-after-steps", "150", "--fault-port", str(base_port + 1), "--fault-once", str(once)]
     command = [
         str(Path(sys.executable).parent / "mlagents-learn"),
         str(CONFIG),

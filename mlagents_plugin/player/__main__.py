@@ -59,6 +59,9 @@ def _log_to(log_file: Optional[str]) -> None:
         handler = logging.StreamHandler(sys.stdout)
     else:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+        if os.path.exists(log_file):  # as Unity keeps Player-prev.log: a crashed build's log survives its restart
+            stem, suffix = os.path.splitext(log_file)
+            os.replace(log_file, f"{stem}-prev{suffix}")
         handler = logging.FileHandler(log_file, mode="w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
