@@ -18,6 +18,7 @@ $(STAMP): setup.py $(OVERRIDES)
 	$(BIN)/pip install --quiet -r $(OVERRIDES)
 	$(BIN)/pip install --quiet --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
 	$(BIN)/pip install --quiet -c $(OVERRIDES) -e ".[dev]"
+	$(BIN)/python -m mlagents_plugin.fast_protobuf --install-pth
 	$(BIN)/python -m mlagents_plugin doctor
 	touch $(STAMP)
 

@@ -12,7 +12,7 @@ EXPECTED: List[Tuple[str, Optional[Callable[[str], bool]], str]] = [
     ("mlagents", lambda v: v == "1.1.0", "mlagents-plugin supports mlagents 1.1.0 only"),
     ("mlagents-envs", lambda v: v == "1.1.0", "mlagents-plugin supports mlagents-envs 1.1.0 only"),
     ("torch", lambda v: v.startswith("2.13.0"), "pin torch==2.13.0, the CPU wheel on disk"),
-    ("protobuf", lambda v: v == "3.20.3", "mlagents-envs 1.1.0's generated code needs protobuf 3.20.3"),
+    ("protobuf", lambda v: _at_least(v, (6, 31)), "install protobuf 6 (see docs/install.md): 3.20.x decodes in pure Python"),
     ("grpcio", lambda v: _at_least(v, (1, 49)), "grpcio >= 1.49 has Python 3.11 wheels"),
     ("numpy", lambda v: v.startswith("1.23."), "mlagents 1.1.0 needs numpy >=1.23.5,<1.24"),
     ("onnx", lambda v: v == "1.15.0", "ML-Agents' model export is tested with onnx 1.15.0"),
@@ -64,9 +64,19 @@ def _check_runtime() -> List[str]:
         importlib.import_module("mlagents.trainers.learn")
     except Exception as e:  # any import failure is the answer to report
         return [f"`mlagents-learn` cannot start: importing mlagents.trainers.learn raised {e!r}"]
-    from mlagents_plugin import compat
+    from mlagents_plugin import compat, fast_protobuf
 
     problems += compat.check()
+    warning = fast_protobuf.slow_backend_warning()
+    if warning:
+        problems.append(warning)
+    elif not fast_protobuf.served_modules():
+        problems.append(
+            "mlagents-envs' protobuf modules were not served by mlagents_plugin.fast_protobuf, so "
+            "mlagents-learn cannot import them with protobuf 6: run "
+            "`python -m mlagents_plugin.fast_protobuf --install-pth`"
+        )
+    print(f"  protobuf backend: {fast_protobuf.backend()}")
     entry_points = importlib.metadata.entry_points(group="mlagents.trainer_type")
     if not any(ep.value.startswith("mlagents_plugin.") for ep in entry_points):
         problems.append(

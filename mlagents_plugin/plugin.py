@@ -14,7 +14,7 @@ from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import compat, python_envs, signals
+from mlagents_plugin import compat, fast_protobuf, python_envs, signals
 from mlagents_plugin.settings import (
     SECTION,
     EnvManagerSettings,
@@ -61,6 +61,9 @@ def make_env_manager(
             )
         env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
     signals.install()  # NOTE [ Trainer signals ]
+    slow = fast_protobuf.slow_backend_warning()
+    if slow:
+        logger.warning("!" * 80 + "\n" + slow + "\n" + "!" * 80)
     path = write_effective_settings(settings, run_options, SupervisedEnvManager.__name__)
     described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
     logger.info(

@@ -29,6 +29,7 @@ from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
 from mlagents_plugin import processes
+from mlagents_plugin.player_watch import PlayerWatch
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,
@@ -142,6 +143,7 @@ class _Worker:
             )
         )
         self.analytics: Optional[_LazyAnalyticsChannel] = None
+        self.players = PlayerWatch()
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
 
@@ -173,6 +175,7 @@ class _Worker:
             self.spec.pickled_env_factory
         )
         self.env = factory(self.spec.env_worker_id, side_channels)
+        self.players.start()  # NOTE [ Player death ]
         capabilities = getattr(self.env, "academy_capabilities", None)
         if self.analytics is not None:
             if capabilities is not None and capabilities.trainingAnalytics:
@@ -188,12 +191,14 @@ class _Worker:
             request: EnvironmentRequest = self.conn.recv()
             self.command = request.cmd
             if request.cmd == EnvironmentCommand.STEP:
-                for behavior_name, env_action in request.payload.items():
-                    self.env.set_actions(behavior_name, env_action)
-                self.env.step()
+                with self.players.env_call():
+                    for behavior_name, env_action in request.payload.items():
+                        self.env.set_actions(behavior_name, env_action)
+                    self.env.step()
                 self.send(EnvironmentCommand.STEP, self._step_payload())
             elif request.cmd == EnvironmentCommand.RESET:
-                self.env.reset()
+                with self.players.env_call():
+                    self.env.reset()
                 self.send(EnvironmentCommand.RESET, self._step_payload())
             elif request.cmd == EnvironmentCommand.ENVIRONMENT_PARAMETERS:
                 for key, value in (request.payload or {}).items():
@@ -238,6 +243,7 @@ class _Worker:
         return root
 
     def _shut_down(self) -> None:
+        self.players.disarm()  # the player exits on purpose now
         if self.env is not None:
             try:
                 self.env.close()

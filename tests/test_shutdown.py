@@ -249,3 +249,20 @@ def test_a_force_killed_workers_player_is_killed(env_manager_factory, tmp_path):
     manager.close()
     assert len(players(tmp_path)) == 2
     assert not any(alive(pid) for pid in players(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_player_is_noticed_at_once(env_manager_factory, tmp_path):
+    """mlagents-envs would notice only at its next poll, --timeout-wait / 10 s later."""
+    manager = env_manager_factory(
+        make_factory(PlayerLaunchingEnvironment, player_pid_dir=str(tmp_path), step_sleep_s=0.05),
+        2, restart_backoff_s=0.0,
+    )
+    manager.reset()
+    player = players(tmp_path)[0]
+    os.kill(player, signal.SIGKILL)
+    started = time.monotonic()
+    while not manager.restart_counts:
+        manager.get_steps()
+    assert time.monotonic() - started < 2.0
+    assert manager.restart_counts == {"unity": 1}
