@@ -19,12 +19,12 @@
 # Upstream waits for CLOSED on a shared multiprocessing.Queue. A Queue has a feeder thread per
 # writer: a worker killed while its feeder holds the queue's lock leaves the lock held and the
 # pipe half-written, and the trainer's ``get`` then waits forever. Per-worker pipes and process
-# sentinels have no shared lock and no thread, and ``connection.wait`` takes a timeout.
+# sentinels have no shared lock and no thread, and waiting on them (readiness.py) takes a timeout.
 """
 import enum
 import signal
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, List, Optional
 
@@ -32,7 +32,8 @@ import psutil
 from mlagents_envs import logging_util
 
 from mlagents_plugin import processes
-from mlagents_plugin.protocol import EnvironmentCommand
+from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
+from mlagents_plugin.readiness import Readiness
 
 logger = logging_util.get_logger(__name__)
 
@@ -78,9 +79,10 @@ class _Leaving:
 class Ladder:
     """Processes on their way out. ``advance`` never blocks; ``run`` blocks, with a deadline."""
 
-    def __init__(self, shutdown_timeout_s: float, kill_grace_s: float):
+    def __init__(self, shutdown_timeout_s: float, kill_grace_s: float, readiness: Readiness):
         self.shutdown_timeout_s = shutdown_timeout_s
         self.kill_grace_s = kill_grace_s
+        self.readiness = readiness  # shared with the supervisor: one wait covers both
         self.leaving: List[_Leaving] = []
         self.outcomes: Dict[Any, str] = {}  # how the last process under each key went
 
@@ -100,32 +102,25 @@ class Ladder:
         item = _Leaving(key, process, conn, label, owner_tag, last_command, on_closed)
         item.deadline = time.monotonic() + self.shutdown_timeout_s
         self.leaving.append(item)
+        self.readiness.watch(process.sentinel, None)
+        if conn is not None:
+            self.readiness.watch(conn, None)
         if hung:
             self._escalate(item, f"did not answer {_name(last_command)}")
 
     def __contains__(self, key: Any) -> bool:
         return any(item.key == key for item in self.leaving)
 
-    def waitables(self) -> List[Any]:
-        objs: List[Any] = []
-        for item in self.leaving:
-            objs.append(item.process.sentinel)
-            if item.conn is not None:
-                objs.append(item.conn)
-        return objs
-
     def next_deadline(self) -> Optional[float]:
         return min((item.deadline for item in self.leaving), default=None)
 
-    def advance(self) -> List[str]:
-        """Drain pipes, escalate what is past its deadline, reap what exited; return reaped labels."""
+    def advance(self) -> None:
+        """Drain pipes, escalate what is past its deadline, reap what exited."""
         now = time.monotonic()
-        reaped = []
         for item in list(self.leaving):
             self._drain(item)
             if not item.process.is_alive():
                 self._reap(item, _OUTCOMES[item.stage])
-                reaped.append(item.label)
             elif now >= item.deadline:
                 if item.stage is Stage.KILL:
                     logger.error(
@@ -133,7 +128,6 @@ class Ladder:
                         "sleep in the kernel?); giving up on it. Check it with `ps`."
                     )
                     self._reap(item, "survived SIGKILL")
-                    reaped.append(item.label)
                 else:
                     reason = (
                         f"did not exit within shutdown_timeout_s={self.shutdown_timeout_s} s"
@@ -141,7 +135,6 @@ class Ladder:
                         else f"ignored SIGTERM for kill_grace_s={self.kill_grace_s} s"
                     )
                     self._escalate(item, reason)
-        return reaped
 
     def run(self) -> None:
         """Drive every process to reaped. Returns within shutdown_timeout_s + kill_grace_s + KILL_WAIT_S."""
@@ -150,7 +143,7 @@ class Ladder:
             deadline = self.next_deadline()
             if deadline is None:
                 break
-            wait(self.waitables(), timeout=max(0.0, deadline - time.monotonic()))
+            self.readiness.wait(deadline - time.monotonic())
 
     def force(self) -> None:
         """SIGKILL everything now (a second Ctrl-C), then reap within KILL_WAIT_S."""
@@ -185,7 +178,7 @@ class Ladder:
         conn = item.conn
         try:
             while conn is not None and conn.poll():
-                message = conn.recv()
+                message = unpack_response(conn.recv_bytes())
                 if message.cmd is EnvironmentCommand.CLOSED:
                     item.on_closed(message.payload)
         except Exception:  # EOF from a dead worker, or a reply too broken to matter now
@@ -193,6 +186,7 @@ class Ladder:
 
     def _reap(self, item: _Leaving, outcome: str) -> None:
         self.outcomes[item.key] = outcome
+        self.readiness.forget(item.process.sentinel)
         item.process.join(timeout=0)
         if item.process.exitcode is not None:
             item.process.close()
@@ -205,9 +199,9 @@ class Ladder:
                 + ", ".join(f"pid {p.pid}" for p in leftovers)
             )
 
-    @staticmethod
-    def _close_conn(item: _Leaving) -> None:
+    def _close_conn(self, item: _Leaving) -> None:
         if item.conn is not None:
+            self.readiness.forget(item.conn)
             item.conn.close()
             item.conn = None
 

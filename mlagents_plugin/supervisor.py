@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import secrets
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, List, Optional, Set
 
@@ -24,7 +24,7 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin import compat, processes, python_envs, signals
+from mlagents_plugin import compat, processes, python_envs, signals, wire
 from mlagents_plugin.errors import (
     RemoteWorkerError,
     WorkerDiedError,
@@ -37,12 +37,16 @@ from mlagents_plugin.protocol import (
     EnvironmentResponse,
     StepPayload,
     WorkerHello,
+    pack,
     qualified_name,
+    unpack_response,
 )
+from mlagents_plugin.readiness import Readiness
 from mlagents_plugin.restart import Cause, RestartPolicy
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.shutdown import Ladder
 from mlagents_plugin.stats import HealthStats
+from mlagents_plugin.wire import Decoder
 from mlagents_plugin.worker import WorkerSpec, worker_main
 
 logger = logging_util.get_logger(__name__)
@@ -80,6 +84,7 @@ class _Slot:
         self.previous_step = EnvironmentStep.empty(worker_id)
         self.previous_all_action_info: Dict[BehaviorName, ActionInfo] = {}
         self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}
+        self.decoder = Decoder()  # of the current incarnation's step results
 
     @property
     def label(self) -> str:
@@ -107,11 +112,17 @@ class SupervisedEnvManager(EnvManager):
         if self.settings.start_method == "forkserver":
             self._context.set_forkserver_preload([worker_main.__module__])
         self._pickled_factory = python_envs.dumps_factory(env_factory)
-        self._owner = f"mlagents-plugin/{os.getpid()}-{secrets.token_hex(4)}/"
+        token = secrets.token_hex(4)
+        self._owner = f"mlagents-plugin/{os.getpid()}-{token}/"
+        self._segments = wire.manager_prefix(os.getpid(), token)
+        wire.sweep()  # shared memory left by trainers that were killed
         self._restarts = RestartPolicy(
             run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s
         )
-        self._ladder = Ladder(self.settings.shutdown_timeout_s, self.settings.kill_grace_s)
+        self._readiness = Readiness()
+        self._ladder = Ladder(
+            self.settings.shutdown_timeout_s, self.settings.kill_grace_s, self._readiness
+        )
         self._slots = [_Slot(i) for i in range(n_env)]
         self._spare_env_worker_id = n_env
         self._completed: List[EnvironmentStep] = []
@@ -214,7 +225,9 @@ class SupervisedEnvManager(EnvManager):
             self._ladder.force()
             raise
         finally:
+            self._readiness.close()
             self._kill_orphans(self._owner)
+            wire.remove_segments(self._segments)
             for slot in self._slots:
                 outcome = self._ladder.outcomes.get(slot.worker_id, "was not running")
                 logger.info(
@@ -269,6 +282,7 @@ class SupervisedEnvManager(EnvManager):
             log_level=logger.getEffectiveLevel(),
             trainer_pid=os.getpid(),
             owner_tag=self._owner_tag(slot),
+            segment_prefix=self._segment_prefix(slot),
         )
         process = self._context.Process(
             target=worker_main,
@@ -278,6 +292,8 @@ class SupervisedEnvManager(EnvManager):
         process.start()
         child_conn.close()  # so that the worker's death is an EOF here, too
         slot.process, slot.conn = process, parent_conn
+        self._readiness.watch(process.sentinel, (slot, slot.incarnation, _SENTINEL))
+        self._readiness.watch(parent_conn, (slot, slot.incarnation, _PIPE))
         slot.state = WorkerState.STARTING
         slot.awaiting, slot.last_command = None, None
         slot.deadline = time.monotonic() + self.settings.startup_timeout_s
@@ -288,12 +304,15 @@ class SupervisedEnvManager(EnvManager):
         """What the slot's current incarnation tags its descendants with (NOTE [ No orphans ])."""
         return f"{self._owner}{slot.worker_id}.{slot.incarnation}/"
 
+    def _segment_prefix(self, slot: _Slot) -> str:
+        return wire.segment_prefix(self._segments, slot.worker_id, slot.incarnation)
+
     def _send(self, slot: _Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.last_command = cmd
         if slot.conn is None:
             return  # the worker closed its pipe; its sentinel or deadline reports it
         try:
-            slot.conn.send(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload))
+            slot.conn.send_bytes(pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload)))
         except (OSError, EOFError):
             pass  # the worker is gone; its sentinel reports how, on the next wait
 
@@ -307,7 +326,13 @@ class SupervisedEnvManager(EnvManager):
             slot.deadline = slot.sent_at + self.settings.step_timeout_s
 
     def _retire(self, slot: _Slot, hung: bool) -> None:
-        """Hand the slot's process to the shutdown ladder."""
+        """Hand the slot's process to the shutdown ladder; drop its shared memory."""
+        slot.decoder.close()
+        slot.decoder = Decoder()
+        wire.remove_segments(self._segment_prefix(slot))
+        self._readiness.forget(slot.process.sentinel)
+        if slot.conn is not None:
+            self._readiness.forget(slot.conn)
         self._ladder.add(
             slot.worker_id,
             slot.process,
@@ -348,24 +373,21 @@ class SupervisedEnvManager(EnvManager):
     def _pump(self, block: bool) -> None:
         """Wait once (bounded) for worker messages, deaths and deadlines, and handle them.
 
-        The trainer sleeps in ``connection.wait`` on every worker's pipe *and* process
-        sentinel: a reply and a death both wake it at once, and nothing is polled.
+        The trainer sleeps on every worker's pipe *and* process sentinel at once
+        (readiness.py): a reply and a death both wake it at once, and nothing is polled.
+        Shutting-down processes are in the same set; their readiness needs no handling beyond
+        the ladder's ``advance``.
         """
         self._check_usable()
-        by_object: Dict[Any, _Slot] = {}
-        for slot in self._slots:
-            if slot.live:
-                by_object[slot.process.sentinel] = slot
-                if slot.conn is not None:
-                    by_object[slot.conn] = slot
         timeout = self._time_to_next_deadline() if block else 0.0
-        ready = wait(list(by_object) + self._ladder.waitables(), timeout)
         readable: Dict[int, _Slot] = {}
         exited: Dict[int, _Slot] = {}
-        for obj in ready:
-            slot = by_object.get(obj)
-            if slot is not None:
-                (exited if obj is slot.process.sentinel else readable)[slot.worker_id] = slot
+        for _, data in self._readiness.wait(timeout):
+            if data is None:
+                continue  # the ladder's
+            slot, incarnation, kind = data
+            if slot.live and slot.incarnation == incarnation:
+                (exited if kind is _SENTINEL else readable)[slot.worker_id] = slot
         for worker_id, slot in {**readable, **exited}.items():
             self._service(slot, worker_id in readable, worker_id in exited)
         self._ladder.advance()
@@ -391,7 +413,7 @@ class SupervisedEnvManager(EnvManager):
         incarnation = slot.incarnation
         try:
             while slot.conn is not None and (readable or slot.conn.poll()):
-                self._handle(slot, slot.conn.recv())
+                self._handle(slot, unpack_response(slot.conn.recv_bytes()))
                 if not slot.live or slot.incarnation != incarnation:
                     return  # it failed and was handed to the ladder
                 if not exited:
@@ -400,6 +422,7 @@ class SupervisedEnvManager(EnvManager):
         except (EOFError, OSError):
             # The worker's end is closed: it died or is about to. Stop watching the pipe (it
             # would stay readable and spin the wait); the sentinel or the deadline decides.
+            self._readiness.forget(slot.conn)
             slot.conn.close()
             slot.conn = None
         if exited:
@@ -438,7 +461,7 @@ class SupervisedEnvManager(EnvManager):
             else:
                 self._health.stepped(slot.worker_id, time.monotonic() - slot.sent_at)
             step = EnvironmentStep(
-                payload.all_step_result,
+                slot.decoder.decode(payload.all_step_result),
                 slot.worker_id,
                 slot.previous_all_action_info,
                 payload.environment_stats,
@@ -541,6 +564,9 @@ class SupervisedEnvManager(EnvManager):
             return
         with hierarchical_timer("workers") as main_timer_node:
             main_timer_node.merge(timer_root, root_name="worker_root", is_parallel=True)
+
+
+_SENTINEL, _PIPE = "sentinel", "pipe"  # what woke the trainer, in Readiness data
 
 
 def _name(command: Optional[EnvironmentCommand]) -> str:

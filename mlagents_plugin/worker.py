@@ -30,12 +30,14 @@ from mlagents_envs.timers import get_timer_root, reset_timers
 
 from mlagents_plugin import processes
 from mlagents_plugin.player_watch import PlayerWatch
+from mlagents_plugin.wire import Encoder
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
-    EnvironmentRequest,
     EnvironmentResponse,
     StepPayload,
     WorkerHello,
+    pack,
+    unpack_request,
     wrap_exception,
 )
 
@@ -55,6 +57,7 @@ class WorkerSpec(NamedTuple):
     log_level: int
     trainer_pid: int
     owner_tag: str  # see NOTE [ No orphans ]
+    segment_prefix: str  # of its shared memory segments, see NOTE [ Step wire format ]
 
 
 # NOTE [ Worker signals ]
@@ -144,12 +147,13 @@ class _Worker:
         )
         self.analytics: Optional[_LazyAnalyticsChannel] = None
         self.players = PlayerWatch()
+        self.encoder = Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
 
     def send(self, cmd: EnvironmentCommand, payload: Any = None) -> None:
-        self.conn.send(
-            EnvironmentResponse(cmd, self.spec.worker_id, self.spec.incarnation, payload)
+        self.conn.send_bytes(
+            pack(EnvironmentResponse(cmd, self.spec.worker_id, self.spec.incarnation, payload))
         )
 
     def run(self) -> None:
@@ -188,7 +192,7 @@ class _Worker:
 
     def _serve(self) -> None:
         while True:
-            request: EnvironmentRequest = self.conn.recv()
+            request = unpack_request(self.conn.recv_bytes())
             self.command = request.cmd
             if request.cmd == EnvironmentCommand.STEP:
                 with self.players.env_call():
@@ -216,9 +220,15 @@ class _Worker:
 
     def _step_payload(self) -> StepPayload:
         env = self.env
-        results = {name: env.get_steps(name) for name in env.behavior_specs}
+        failed_before = self.encoder.shared_memory_failed
+        encoded = self.encoder.encode({name: env.get_steps(name) for name in env.behavior_specs})
+        if self.encoder.shared_memory_failed and not failed_before:
+            logger.warning(
+                f"Env worker {self.spec.worker_id}: no shared memory for large observations "
+                f"({self.encoder.shared_memory_failed}); sending them through the pipe, slower."
+            )
         return StepPayload(
-            results,
+            encoded,
             self.stats_channel.get_and_reset_stats(),
             self._new_behavior_specs(),
             self._timers_if_due(),
@@ -244,6 +254,7 @@ class _Worker:
 
     def _shut_down(self) -> None:
         self.players.disarm()  # the player exits on purpose now
+        self.encoder.close()
         if self.env is not None:
             try:
                 self.env.close()

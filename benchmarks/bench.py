@@ -1,0 +1,46 @@
+"""``make bench``: every benchmark, side by side in one run; JSON and Markdown in results/bench/.
+
+    python benchmarks/bench.py [--quick] [--only throughput unity faults drift]
+
+``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import throughput  # noqa: E402
+
+SECTIONS = {"throughput": throughput}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), default=sorted(SECTIONS))
+    parser.add_argument("--out", default="results/bench")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "load_average_at_start": os.getloadavg()}, "quick": args.quick}
+    markdown = [f"# Benchmarks ({time.strftime('%Y-%m-%d %H:%M')}{', quick' if args.quick else ''})"]
+    for name in args.only:
+        section = SECTIONS[name]
+        print(f"== {name}", flush=True)
+        rows = section.run(args.quick)
+        report[name] = rows
+        markdown += [f"\n## {name}\n", section.markdown(rows)]
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    (out / "bench.md").write_text("\n".join(markdown) + "\n")
+    print("\n".join(markdown))
+    print(f"\nWritten: {out / 'bench.json'}, {out / 'bench.md'}")
+
+
+if __name__ == "__main__":
+    main()

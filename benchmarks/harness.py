@@ -1,0 +1,51 @@
+"""Run steppers in alternating slices and measure them, so that on a shared, noisy machine
+every stepper sees the same noise; the ratios between them are what holds."""
+import statistics
+import time
+from typing import Dict, List
+
+from steppers import Stepper
+
+
+class Totals:
+    def __init__(self) -> None:
+        self.env_steps = 0
+        self.agent_steps = 0
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+        self.latencies: List[float] = []
+
+    def as_dict(self) -> Dict[str, float]:
+        lat = sorted(self.latencies) or [float("nan")]
+        return {
+            "env_steps_per_s": self.env_steps / self.wall_s,
+            "agent_steps_per_s": self.agent_steps / self.wall_s,
+            "trainer_cores": self.cpu_s / self.wall_s,
+            "trainer_cpu_us_per_env_step": 1e6 * self.cpu_s / max(self.env_steps, 1),
+            "get_steps_p50_ms": 1000 * statistics.median(lat),
+            "get_steps_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        }
+
+
+def measure(stepper: Stepper, seconds: float, totals: Totals) -> None:
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    now = wall0
+    while now - wall0 < seconds:
+        env_steps, agent_steps = stepper.step()
+        after = time.perf_counter()
+        totals.latencies.append(after - now)
+        totals.env_steps += env_steps
+        totals.agent_steps += agent_steps
+        now = after
+    totals.cpu_s += time.process_time() - cpu0
+    totals.wall_s += now - wall0
+
+
+def interleave(steppers: List[Stepper], slices: int, slice_s: float, warmup_s: float) -> Dict[str, Dict[str, float]]:
+    totals = {s.name: Totals() for s in steppers}
+    for stepper in steppers:
+        measure(stepper, warmup_s, Totals())
+    for _ in range(slices):
+        for stepper in steppers:
+            measure(stepper, slice_s, totals[stepper.name])
+    return {name: t.as_dict() for name, t in totals.items()}

@@ -1,0 +1,73 @@
+"""Throughput and trainer CPU: ours, upstream, in-process and a raw pipe, side by side."""
+from typing import Dict, List, NamedTuple, Tuple
+
+from harness import interleave
+from steppers import make_steppers
+
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+MANAGERS = ["ours", "upstream", "raw pipe", "in-process"]
+
+
+class Scenario(NamedTuple):
+    name: str
+    env: Dict
+    workers: Tuple[int, ...]
+
+
+SCENARIOS = [
+    Scenario("cheap, 1 agent", dict(num_agents=1), (1, 2, 4, 8)),
+    Scenario("cheap, 32 agents", dict(num_agents=32), (1, 2, 4, 8)),
+    Scenario("1 ms CPU + 2 ms sleep", dict(step_cpu_s=0.001, step_sleep_s=0.002), (1, 2, 4, 8)),
+    Scenario("2 ms sleep", dict(step_sleep_s=0.002), (1, 4)),
+    Scenario("20 ms sleep", dict(step_sleep_s=0.02), (4,)),
+    Scenario("visual 84x84x3, 32 agents", dict(num_agents=32, visual_shape=(3, 84, 84)), (1, 2, 4)),
+]
+QUICK = [
+    Scenario("cheap, 1 agent", dict(num_agents=1), (2,)),
+    Scenario("visual 84x84x3, 32 agents", dict(num_agents=32, visual_shape=(3, 84, 84)), (2,)),
+]
+
+
+def run(quick: bool) -> List[Dict]:
+    rows = []
+    slices, slice_s, warmup_s = (1, 0.3, 0.2) if quick else (3, 2.0, 0.5)
+    for scenario in QUICK if quick else SCENARIOS:
+        for n_env in scenario.workers:
+            steppers = make_steppers(MANAGERS, make_factory(SimpleEnvironment, **scenario.env), n_env)
+            try:
+                results = interleave(steppers, slices, slice_s, warmup_s)
+            finally:
+                for stepper in steppers:
+                    stepper.close()
+            rows.append({"scenario": scenario.name, "workers": n_env, "results": results})
+            print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def _line(row: Dict) -> str:
+    parts = [f"{row['scenario']}, {row['workers']} worker(s):"]
+    for name, r in row["results"].items():
+        parts.append(f"{name} {r['env_steps_per_s']:.0f}/s {r['trainer_cpu_us_per_env_step']:.0f}us {r['trainer_cores']:.2f}c")
+    return "  ".join(parts)
+
+
+def markdown(rows: List[Dict]) -> str:
+    out = [
+        "| Scenario | Workers | ours env steps/s | upstream | raw pipe | in-process | ours / raw | ours / upstream "
+        "| trainer CPU µs per env step: ours / upstream | trainer cores: ours / upstream | get_steps p99 ms: ours / upstream / raw |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        r = row["results"]
+        ours, up, raw = r["ours"], r["upstream"], r["raw pipe"]
+        inproc = f"{r['in-process']['env_steps_per_s']:.0f}" if "in-process" in r else ""
+        out.append(
+            f"| {row['scenario']} | {row['workers']} | {ours['env_steps_per_s']:.0f} | {up['env_steps_per_s']:.0f} "
+            f"| {raw['env_steps_per_s']:.0f} | {inproc} "
+            f"| {ours['env_steps_per_s'] / raw['env_steps_per_s']:.2f} | {ours['env_steps_per_s'] / up['env_steps_per_s']:.2f} "
+            f"| {ours['trainer_cpu_us_per_env_step']:.0f} / {up['trainer_cpu_us_per_env_step']:.0f} "
+            f"| {ours['trainer_cores']:.3f} / {up['trainer_cores']:.3f} "
+            f"| {ours['get_steps_p99_ms']:.2f} / {up['get_steps_p99_ms']:.2f} / {raw['get_steps_p99_ms']:.2f} |"
+        )
+    return "\n".join(out)
