@@ -14,15 +14,18 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import drift  # noqa: E402
+import fault_costs  # noqa: E402
 import throughput  # noqa: E402
+import unity_path  # noqa: E402
 
-SECTIONS = {"throughput": throughput}
+SECTIONS = {"throughput": throughput, "unity": unity_path, "faults": fault_costs, "drift": drift}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), default=sorted(SECTIONS))
+    parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--out", default="results/bench")
     args = parser.parse_args()
     out = Path(args.out)

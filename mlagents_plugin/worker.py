@@ -28,9 +28,8 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
-from mlagents_plugin import processes
+from mlagents_plugin import processes, wire
 from mlagents_plugin.player_watch import PlayerWatch
-from mlagents_plugin.wire import Encoder
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
     EnvironmentResponse,
@@ -89,6 +88,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
 
     def trainer_gone() -> None:
         _kill_descendants(spec.owner_tag)
+        wire.remove_segments(spec.segment_prefix)
         os._exit(1)
 
     processes.watch_parent(spec.trainer_pid, trainer_gone)
@@ -147,7 +147,7 @@ class _Worker:
         )
         self.analytics: Optional[_LazyAnalyticsChannel] = None
         self.players = PlayerWatch()
-        self.encoder = Encoder(spec.segment_prefix)
+        self.encoder = wire.Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
 

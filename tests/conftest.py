@@ -1,11 +1,11 @@
-"""Shared test plumbing: every test must leave no process behind."""
+"""Shared test plumbing: every test must leave no process, and no shared memory, behind."""
 import os
 from typing import List
 
 import psutil
 import pytest
 
-from mlagents_plugin import processes
+from mlagents_plugin import processes, wire
 
 # multiprocessing's own long-lived helpers, started once per test process and shared by tests.
 _MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
@@ -29,9 +29,15 @@ def leftover_processes() -> List[psutil.Process]:
     return list(found.values())
 
 
+def leftover_segments() -> List[str]:
+    """Shared memory segments of managers this process created (wire.py)."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{wire.SEGMENT_PREFIX}{os.getpid()}_")]
+
+
 @pytest.fixture(autouse=True)
-def no_leftover_processes():
+def no_leftovers():
     before = {p.pid for p in leftover_processes()}
+    segments_before = set(leftover_segments())
     yield
     left = [p for p in leftover_processes() if p.pid not in before]
     described = []
@@ -41,4 +47,8 @@ def no_leftover_processes():
             proc.kill()
         except psutil.Error:
             pass
+    segments = sorted(set(leftover_segments()) - segments_before)
+    for name in segments:
+        os.unlink(os.path.join("/dev/shm", name))
     assert not described, f"processes left behind: {described}"
+    assert not segments, f"shared memory left behind: {segments}"

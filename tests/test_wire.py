@@ -1,0 +1,134 @@
+"""The step wire format and its shared memory (NOTE [ Step wire format ])."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import leftover_segments
+
+from mlagents_plugin import wire
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+VISUAL = dict(num_agents=32, visual_shape=(3, 84, 84))
+
+
+def steps_of(env):
+    return {name: env.get_steps(name) for name in env.behavior_specs}
+
+
+def assert_same(received, sent):
+    assert received.keys() == sent.keys()
+    for name in sent:
+        for got, expected in zip(received[name], sent[name]):
+            assert type(got) is type(expected)
+            assert len(got.obs) == len(expected.obs)
+            for a, b in zip(got.obs, expected.obs):
+                np.testing.assert_array_equal(a, b)
+            for field in ("reward", "agent_id", "group_id", "group_reward"):
+                np.testing.assert_array_equal(np.asarray(getattr(got, field)), np.asarray(getattr(expected, field)))
+
+
+@pytest.mark.parametrize("env_kwargs", [dict(num_agents=3), VISUAL, dict(behavior_names=("A", "B"), action="continuous")])
+def test_round_trip_through_pickle(env_kwargs):
+    env = SimpleEnvironment(**env_kwargs)
+    env.step()
+    encoder, decoder = wire.Encoder(f"{wire.SEGMENT_PREFIX}{os.getpid()}_test_"), wire.Decoder()
+    try:
+        for _ in range(3):
+            env.step()
+            sent = steps_of(env)
+            received = decoder.decode(pickle.loads(pickle.dumps(encoder.encode(sent))))
+            assert_same(received, sent)
+            for decision, terminal in received.values():
+                assert all(o.flags.writeable for o in decision.obs)
+    finally:
+        decoder.close()
+        encoder.close()
+
+
+def test_large_arrays_go_through_shared_memory_and_small_ones_do_not():
+    env = SimpleEnvironment(**VISUAL)
+    encoder = wire.Encoder(f"{wire.SEGMENT_PREFIX}{os.getpid()}_test_")
+    try:
+        encoded = encoder.encode(steps_of(env))
+        assert encoded.segment is not None
+        assert [shared for _, _, shared, _ in encoded.slots].count(True) == 1  # the camera
+        assert len(encoded.buffer) < 4096
+    finally:
+        encoder.close()
+    assert leftover_segments() == []
+
+
+def test_without_shared_memory_everything_goes_through_the_pipe():
+    env = SimpleEnvironment(**VISUAL)
+    encoder, decoder = wire.Encoder("bad/name/"), wire.Decoder()  # shm_open refuses a '/'
+    sent = steps_of(env)
+    encoded = encoder.encode(sent)
+    assert encoded.segment is None and encoder.shared_memory_failed
+    assert_same(decoder.decode(pickle.loads(pickle.dumps(encoded))), sent)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn", "fork"])
+def test_camera_observations_arrive_intact(env_manager_factory, start_method):
+    manager = env_manager_factory(make_factory(SimpleEnvironment, **VISUAL), 2, start_method=start_method)
+    manager.reset()
+    for step in manager.first_step_infos:
+        local = SimpleEnvironment(step.worker_id, **VISUAL)  # same seed: the same observations
+        local.reset()  # as the worker's env was: built (which resets), then reset
+        assert_same(step.current_all_step_result, steps_of(local))
+    for _ in range(20):
+        manager.get_steps()
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_workers_segment_is_removed(env_manager_factory):
+    manager = env_manager_factory(make_factory(SimpleEnvironment, **VISUAL), 2, restart_backoff_s=0.0)
+    manager.reset()
+    manager.get_steps()
+    assert len(leftover_segments()) == 2
+    os.kill(manager.worker_pids[1], signal.SIGKILL)
+    while not manager.restart_counts:
+        manager.get_steps()
+    for _ in range(20):
+        manager.get_steps()
+    assert len(leftover_segments()) == 2  # the new worker's, not the dead one's
+    manager.close()
+    assert leftover_segments() == []
+
+
+@pytest.mark.timeout(60)
+def test_segments_of_a_killed_trainer_are_removed(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent("""
+        from mlagents.trainers.settings import RunOptions
+        from mlagents_plugin import SupervisedEnvManager
+        from mlagents_plugin.testing import SimpleEnvironment, make_factory
+        if __name__ == "__main__":
+            manager = SupervisedEnvManager(make_factory(SimpleEnvironment, num_agents=32, visual_shape=(3, 84, 84)), RunOptions(), 2)
+            manager.reset()
+            manager.get_steps()
+            print("STEPPING", flush=True)
+            while True:
+                manager.get_steps()
+    """))
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    prefix = f"{wire.SEGMENT_PREFIX}{trainer.pid}_"
+    try:
+        while trainer.stdout.readline().strip() != "STEPPING":
+            pass
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+        trainer.kill()
+        trainer.wait()
+        deadline = time.monotonic() + 5  # the workers' watchdogs remove them
+        while [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
+    finally:
+        trainer.kill()
+        trainer.wait()
