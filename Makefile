@@ -7,7 +7,7 @@ OVERRIDES := requirements/mlagents-py311.txt
 # Two pytest workers: most tests wait on processes, timeouts and ports more than they compute.
 PYTEST_ARGS ?= -n 2
 
-.PHONY: install demo test doctor clean
+.PHONY: install demo test bench doctor clean
 
 install: $(STAMP)
 
@@ -27,6 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench.py
 
 doctor: $(STAMP)
 	$(BIN)/python -m mlagents_plugin doctor

@@ -5,7 +5,7 @@ returns as soon as at least one env has stepped, as ML-Agents' env managers do:
 
 - ``ours``: SupervisedEnvManager;
 - ``upstream``: ML-Agents' SubprocessEnvManager;
-- ``in-process``: ML-Agents' SimpleEnvManager (one env, in the trainer process);
+- ``in-process``: the env stepped in the trainer process, as ML-Agents' SimpleEnvManager does;
 - ``raw pipe``: the floor: forkserver processes that step the env and send the same step
   results through a bare ``multiprocessing.Pipe``; the trainer waits on all pipes at once.
 """
@@ -15,11 +15,7 @@ from typing import Callable, Dict, List, Tuple
 
 from mlagents.trainers.env_manager import EnvManager
 from mlagents.trainers.settings import RunOptions
-from mlagents.trainers.simple_env_manager import SimpleEnvManager
 from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
-from mlagents_envs.side_channel.environment_parameters_channel import (
-    EnvironmentParametersChannel,
-)
 
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.supervisor import SupervisedEnvManager
@@ -100,11 +96,24 @@ def make_steppers(names: List[str], factory: Factory, n_env: int) -> List[Steppe
         "ours": lambda: ManagerStepper("ours", SupervisedEnvManager(factory, RunOptions(), n_env, EnvManagerSettings())),
         "upstream": lambda: ManagerStepper("upstream", SubprocessEnvManager(factory, RunOptions(), n_env)),
         "raw pipe": lambda: RawPipeStepper(factory, n_env),
-        "in-process": lambda: _in_process(factory),
+        "in-process": lambda: InProcessStepper(factory),
     }
     return [makers[name]() for name in names if name != "in-process" or n_env == 1]
 
 
-def _in_process(factory: Factory) -> Stepper:
-    channel = EnvironmentParametersChannel()
-    return ManagerStepper("in-process", SimpleEnvManager(factory(0, [channel]), channel))
+class InProcessStepper(Stepper):
+    """What ML-Agents' SimpleEnvManager does per step, minus the policy it insists on."""
+
+    name = "in-process"
+
+    def __init__(self, factory: Factory):
+        self.env = factory(0, [])
+        self.env.reset()
+
+    def step(self) -> Tuple[int, int]:
+        self.env.step()
+        results = {name: self.env.get_steps(name) for name in self.env.behavior_specs}
+        return 1, sum(len(d) + len(t) for d, t in results.values())
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,5 +1,6 @@
 """Shared test plumbing: every test must leave no process, and no shared memory, behind."""
 import os
+import time
 from typing import List
 
 import psutil
@@ -34,12 +35,25 @@ def leftover_segments() -> List[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"{wire.SEGMENT_PREFIX}{os.getpid()}_")]
 
 
+def new_leftovers(before: set, grace_s: float = 2.0) -> List[psutil.Process]:
+    """Processes that appeared since `before` and are still alive after `grace_s`.
+
+    The grace covers processes already killed but still exiting: mlagents-envs' own close
+    SIGKILLs a build that does not quit and does not wait for it."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = [p for p in leftover_processes() if p.pid not in before]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers():
     before = {p.pid for p in leftover_processes()}
     segments_before = set(leftover_segments())
     yield
-    left = [p for p in leftover_processes() if p.pid not in before]
+    left = new_leftovers(before)
     described = []
     for proc in left:  # do not let one test's leak fail the next ones too
         try:
