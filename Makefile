@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OVERRIDES := requirements/mlagents-py311.txt
 # Two pytest workers: most tests wait on processes, timeouts and ports more than they compute.
-PYTEST_ARGS ?= -n 2
+# loadgroup: the Ray tests (xdist_group "ray") share one worker, so Ray starts once.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: install demo test bench doctor clean
 
@@ -17,7 +18,7 @@ $(STAMP): setup.py $(OVERRIDES)
 	$(BIN)/pip install --quiet --upgrade "pip>=23"
 	$(BIN)/pip install --quiet -r $(OVERRIDES)
 	$(BIN)/pip install --quiet --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
-	$(BIN)/pip install --quiet -c $(OVERRIDES) -e ".[dev]"
+	$(BIN)/pip install --quiet -c $(OVERRIDES) -e ".[dev,ray]"
 	$(BIN)/python -m mlagents_plugin.fast_protobuf --install-pth
 	$(BIN)/python -m mlagents_plugin doctor
 	touch $(STAMP)

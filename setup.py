@@ -25,6 +25,8 @@ setup(
     ],
     extras_require={
         "dev": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3"],
+        # env workers as Ray actors (docs/ray.md); Ray core only, no dashboard stack
+        "ray": ["ray==2.60.0"],
     },
     entry_points={
         "mlagents.trainer_type": ["mlagents_plugin = mlagents_plugin.plugin:register"],

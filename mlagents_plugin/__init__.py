@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "SupervisedEnvManager": "mlagents_plugin.supervisor",
+    "RayEnvManager": "mlagents_plugin.ray_backend",  # needs the [ray] extra
     "EnvManagerSettings": "mlagents_plugin.settings",
     "EnvWorkerError": "mlagents_plugin.errors",
     "WorkerDiedError": "mlagents_plugin.errors",

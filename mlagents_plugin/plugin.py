@@ -5,7 +5,7 @@ the YAML. Our entry point returns no trainers; it installs the hooks (see compat
 take the ``env_manager:`` section out of the YAML, validate it, and make ``run_training``
 call ``make_env_manager`` where it would construct ``SubprocessEnvManager``.
 """
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple, Type
 
 from mlagents.trainers.env_manager import EnvManager
 from mlagents.trainers.exception import TrainerConfigError
@@ -60,14 +60,25 @@ def make_env_manager(
                 f"({settings.env}) are set; a run trains on one environment: remove one."
             )
         env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
+    manager_class = _manager_class(settings)
     signals.install()  # NOTE [ Trainer signals ]
     slow = fast_protobuf.slow_backend_warning()
     if slow:
         logger.warning("!" * 80 + "\n" + slow + "\n" + "!" * 80)
-    path = write_effective_settings(settings, run_options, SupervisedEnvManager.__name__)
+    path = write_effective_settings(settings, run_options, manager_class.__name__)
     described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
     logger.info(
-        f"Env manager: SupervisedEnvManager (mlagents-plugin) with {n_env} worker(s); "
+        f"Env manager: {manager_class.__name__} (mlagents-plugin) with {n_env} worker(s); "
         f"{described}" + (f"; written to {path}" if path else "")
     )
-    return SupervisedEnvManager(env_factory, run_options, n_env, settings)
+    return manager_class(env_factory, run_options, n_env, settings)
+
+
+def _manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
+    if settings.backend == "subprocess":
+        return SupervisedEnvManager
+    try:
+        from mlagents_plugin.ray_backend import RayEnvManager
+    except ImportError as e:
+        raise TrainerConfigError(f"{SECTION}.backend is 'ray'. {e}") from None
+    return RayEnvManager

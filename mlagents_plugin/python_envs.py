@@ -5,6 +5,7 @@ The factory is called like ML-Agents' own env factories,
 trainer, and shipped to the workers with cloudpickle (see NOTE [ Shipping env factories ]).
 """
 import functools
+import importlib.metadata
 import importlib
 import os
 import sys
@@ -53,10 +54,15 @@ def make_env_factory(spec: str, env_kwargs: Dict[str, Any]) -> EnvFactory:
 # cloudpickle pickles functions *by reference* to their module, which the worker would then fail
 # to import. So, before pickling, every module the factory refers to that a fresh process could
 # not import by name is registered with cloudpickle to be pickled *by value*, and unregistered
-# right after.
-def dumps_factory(factory: Callable[..., Any]) -> bytes:
-    """cloudpickle ``factory`` so that a fresh worker process can load it."""
-    by_value = [m for m in _referenced_modules(factory) if not _importable_by_name(m)]
+# right after. A Ray actor may run on another machine, with another sys.path: for it, every
+# module that is neither the standard library's nor part of an installed distribution (a user's
+# script beside the YAML, a test module) is shipped by value. Installed ones must be installed on
+# every node, as mlagents_plugin itself must be (docs/ray.md).
+def dumps_factory(factory: Callable[..., Any], other_machines: bool = False) -> bytes:
+    """cloudpickle ``factory`` so that a fresh worker process (on another machine: with
+    ``other_machines``) can load it."""
+    shippable = _installed if other_machines else _importable_by_name
+    by_value = [m for m in _referenced_modules(factory) if not shippable(m)]
     for module in by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
@@ -92,6 +98,12 @@ def _referenced_modules(obj: Any) -> List[ModuleType]:
             names.add(module_name)
     names.discard("__main__")  # cloudpickle always ships __main__ by value
     return [sys.modules[name] for name in sorted(names) if name in sys.modules]
+
+
+def _installed(module: ModuleType) -> bool:
+    """Is ``module`` part of the standard library or of an installed distribution?"""
+    top = module.__name__.partition(".")[0]
+    return top in sys.stdlib_module_names or top in importlib.metadata.packages_distributions()
 
 
 def _importable_by_name(module: ModuleType) -> bool:

@@ -15,6 +15,8 @@ from mlagents.trainers.settings import RunOptions
 SECTION = "env_manager"
 EFFECTIVE_SETTINGS_FILE = "env_manager.yaml"
 START_METHODS = ("forkserver", "spawn", "fork")
+BACKENDS = ("subprocess", "ray")
+SCHEDULING_STRATEGIES = ("SPREAD", "DEFAULT")
 # Added to --timeout-wait for the derived deadlines; starting also pays for a new interpreter.
 STEP_MARGIN_S = 10.0
 STARTUP_MARGIN_S = 30.0
@@ -39,8 +41,71 @@ _optional_timeout = dict(
 
 
 @attr.s(auto_attribs=True, frozen=True)
+class RaySettings:
+    """``env_manager.ray``: where and how env workers run as Ray actors (docs/ray.md)."""
+
+    # An existing cluster ("ray://host:10001", "auto", "host:6379"); None starts a one-node Ray
+    # on loopback for this run (or uses the Ray this process is already connected to).
+    address: Optional[str] = attr.ib(
+        default=None, validator=attr.validators.optional(attr.validators.instance_of(str))
+    )
+    num_cpus_per_worker: float = attr.ib(
+        default=1.0,
+        converter=_float,
+        validator=[attr.validators.instance_of(float), attr.validators.ge(0.0)],
+    )
+    resources: Dict[str, float] = attr.ib(
+        factory=dict,
+        validator=attr.validators.deep_mapping(
+            attr.validators.instance_of(str),
+            attr.validators.instance_of((int, float)),
+            attr.validators.instance_of(dict),
+        ),
+    )
+    runtime_env: Optional[Dict[str, Any]] = attr.ib(
+        default=None, validator=attr.validators.optional(attr.validators.instance_of(dict))
+    )
+    # SPREAD puts env workers on different nodes where it can: Unity builds are heavy.
+    scheduling_strategy: str = attr.ib(
+        default="SPREAD", validator=attr.validators.in_(SCHEDULING_STRATEGIES)
+    )
+
+
+def _ray_settings(value: Any) -> RaySettings:
+    if isinstance(value, RaySettings):
+        return value
+    if value is None:
+        return RaySettings()
+    return _build(RaySettings, value, f"{SECTION}.ray")
+
+
+def _build(cls: type, section: Any, where: str) -> Any:
+    """``cls(**section)``, refusing anything but a mapping of known keys, in words."""
+    valid = [f.name for f in attr.fields(cls)]
+    if not isinstance(section, Mapping):
+        raise TrainerConfigError(
+            f"The '{where}' section must be a mapping of settings ({', '.join(valid)}), "
+            f"but it is {section!r}."
+        )
+    unknown = sorted(str(key) for key in section if key not in valid)
+    if unknown:
+        raise TrainerConfigError(
+            f"Unknown setting '{unknown[0]}' in the '{where}' section of your YAML file. "
+            f"Valid settings are: {', '.join(valid)}. See docs/configuration.md."
+        )
+    try:
+        return cls(**section)
+    except (TypeError, ValueError) as e:
+        reason = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)  # attrs adds more args
+        raise TrainerConfigError(
+            f"Invalid '{where}' setting in your YAML file: {reason} See docs/configuration.md."
+        ) from None
+
+
+@attr.s(auto_attribs=True, frozen=True)
 class EnvManagerSettings:
     enabled: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
+    backend: str = attr.ib(default="subprocess", validator=attr.validators.in_(BACKENDS))
     start_method: str = attr.ib(
         default="forkserver", validator=attr.validators.in_(START_METHODS)
     )
@@ -65,6 +130,7 @@ class EnvManagerSettings:
     env_kwargs: Dict[str, Any] = attr.ib(
         factory=dict, validator=attr.validators.instance_of(dict)
     )
+    ray: RaySettings = attr.ib(factory=RaySettings, converter=_ray_settings)
 
     @env.validator
     def _check_env(self, attribute: "attr.Attribute", value: Optional[str]) -> None:
@@ -94,25 +160,7 @@ def parse_section(section: Any) -> EnvManagerSettings:
     """Validate the YAML's ``env_manager:`` section; raise TrainerConfigError if it is wrong."""
     if section is None:
         return EnvManagerSettings()
-    valid = [f.name for f in attr.fields(EnvManagerSettings)]
-    if not isinstance(section, Mapping):
-        raise TrainerConfigError(
-            f"The '{SECTION}' section must be a mapping of settings ({', '.join(valid)}), "
-            f"but it is {section!r}."
-        )
-    unknown = sorted(str(key) for key in section if key not in valid)
-    if unknown:
-        raise TrainerConfigError(
-            f"Unknown setting '{unknown[0]}' in the '{SECTION}' section of your YAML file. "
-            f"Valid settings are: {', '.join(valid)}. See docs/configuration.md."
-        )
-    try:
-        return EnvManagerSettings(**section)
-    except (TypeError, ValueError) as e:
-        reason = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)  # attrs adds more args
-        raise TrainerConfigError(
-            f"Invalid '{SECTION}' setting in your YAML file: {reason} See docs/configuration.md."
-        ) from None
+    return _build(EnvManagerSettings, section, SECTION)
 
 
 def write_effective_settings(

@@ -52,8 +52,8 @@ def segment_prefix(manager: str, worker_id: int, incarnation: int) -> str:
 class Encoder:
     """Worker side: owns the worker's shared memory segment, if any."""
 
-    def __init__(self, prefix: str):
-        self.prefix = prefix
+    def __init__(self, prefix: Optional[str]):
+        self.prefix = prefix  # None: no shared memory, everything through the pipe
         self.segment: Optional[shared_memory.SharedMemory] = None
         self.generation = 0
         self.shared_memory_failed: Optional[str] = None
@@ -94,7 +94,7 @@ class Encoder:
     def _segment_for(self, size: int) -> Optional[shared_memory.SharedMemory]:
         if self.segment is not None and self.segment.size >= size:
             return self.segment
-        if self.shared_memory_failed:
+        if self.shared_memory_failed or self.prefix is None:
             return None
         self.close()
         self.generation += 1

@@ -4,11 +4,16 @@ It imports neither torch nor the supervisor: a worker starts in well under a sec
 (Worker 0 imports torch if its env asks for ML-Agents' training analytics: see
 ``_LazyAnalyticsChannel``.)
 """
+import contextlib
 import os
 import signal
+import sys
 import time
+import types
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import cloudpickle
 from mlagents.trainers.settings import ParameterRandomizationSettings, RunOptions
@@ -56,7 +61,9 @@ class WorkerSpec(NamedTuple):
     log_level: int
     trainer_pid: int
     owner_tag: str  # see NOTE [ No orphans ]
-    segment_prefix: str  # of its shared memory segments, see NOTE [ Step wire format ]
+    # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
+    # another machine, so everything goes through the pipe
+    segment_prefix: Optional[str]
 
 
 # NOTE [ Worker signals ]
@@ -88,12 +95,47 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
 
     def trainer_gone() -> None:
         _kill_descendants(spec.owner_tag)
-        wire.remove_segments(spec.segment_prefix)
+        if spec.segment_prefix is not None:
+            wire.remove_segments(spec.segment_prefix)
         os._exit(1)
 
     processes.watch_parent(spec.trainer_pid, trainer_gone)
     logging_util.set_log_level(spec.log_level)
     _Worker(conn, spec).run()
+
+
+def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, Connection]:
+    """Start a worker process; return it and the trainer's end of its duplex pipe."""
+    parent_conn, child_conn = context.Pipe(duplex=True)
+    process = context.Process(
+        target=worker_main,
+        args=(child_conn, spec),
+        name=f"mlagents-plugin-env-worker-{spec.worker_id}",
+    )
+    with _main_module_hidden():
+        process.start()
+    child_conn.close()  # so that the worker's death is an EOF at the other end, too
+    return process, parent_conn
+
+
+# NOTE [ Worker start-up ]
+# Under spawn and forkserver, multiprocessing makes every new process import the parent's main
+# module again (as __mp_main__), so that functions defined there can be unpickled. The trainer's
+# main module is ``mlagents-learn`` (or a user's script), which imports ML-Agents' trainers and
+# torch: seconds of CPU per worker, and 10 s to start 8 workers on 2 cores. (In a Ray actor it
+# is Ray's worker script, which must not run twice at all.) A worker needs none of it: its entry
+# point lives here, and env factories are cloudpickled, which ships anything defined in __main__
+# by value. So while a worker is being started, sys.modules["__main__"] is swapped for an empty
+# module, and multiprocessing finds no main module to re-import. (The swap lasts for the
+# ``start()`` call; the main module is untouched.)
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 class _LazyAnalyticsChannel(DefaultTrainingAnalyticsSideChannel):

@@ -1,7 +1,11 @@
-"""Shared test plumbing: every test must leave no process, and no shared memory, behind."""
+"""Shared test plumbing: every test must leave no process, and no shared memory, behind; the
+Ray tests share one loopback Ray cluster, watched by netguard where it exists."""
+import importlib.util
 import os
+import shutil
 import time
-from typing import List
+from pathlib import Path
+from typing import Iterator, List
 
 import psutil
 import pytest
@@ -10,6 +14,16 @@ from mlagents_plugin import processes, wire
 
 # multiprocessing's own long-lived helpers, started once per test process and shared by tests.
 _MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+# The session's Ray cluster and the pool of idle Ray workers it keeps: not a test's leftovers.
+# (Our actors, titled ray::EnvWorkerActor, are; tests/test_ray.py checks them by pid too.)
+_RAY_PROCESS_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _infrastructure(proc: psutil.Process, me: int) -> bool:
+    cmdline = " ".join(proc.cmdline())
+    if proc.ppid() == me and any(h in cmdline for h in _MP_HELPERS):
+        return True
+    return "/site-packages/ray/" in cmdline or cmdline.startswith(_RAY_PROCESS_TITLES)
 
 
 def leftover_processes() -> List[psutil.Process]:
@@ -18,7 +32,7 @@ def leftover_processes() -> List[psutil.Process]:
     found = {}
     for child in me.children(recursive=True):
         try:
-            if child.ppid() == me.pid and any(h in " ".join(child.cmdline()) for h in _MP_HELPERS):
+            if _infrastructure(child, me.pid):
                 continue
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
@@ -66,3 +80,71 @@ def no_leftovers():
         os.unlink(os.path.join("/dev/shm", name))
     assert not described, f"processes left behind: {described}"
     assert not segments, f"shared memory left behind: {segments}"
+
+
+# ------------------------------------------------------------------------------- Ray
+
+# netguard refuses and logs any non-loopback connect from Python processes that load it. It is
+# a file of this workplace, not of the project: used where it exists, never needed.
+NETGUARD_DIR = Path(os.environ.get("NETGUARD_DIR", Path(__file__).resolve().parents[2] / "shared" / "netguard"))
+
+
+class RayTestCluster:
+    """The session's Ray: a loopback ``Cluster`` (NOTE [ Ray on loopback ]) this process drives."""
+
+    def __init__(self, cluster, netguard_log: Path):
+        self.cluster = cluster
+        self.netguard_log = netguard_log
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def add_node(self, **kwargs):
+        return self.cluster.add_node(node_ip_address="127.0.0.1", **kwargs)
+
+    def assert_no_outside_connects(self) -> None:
+        if self.netguard_log.exists():
+            blocked = self.netguard_log.read_text()
+            assert not blocked, f"netguard blocked non-loopback connects:\n{blocked[:3000]}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    """Started once per test session (tests that use it share one xdist worker: xdist_group)."""
+    from mlagents_plugin import ray_local
+
+    temp_dir = ray_local.prepare_environment()
+    root = Path(temp_dir).parent
+    netguard_log = root / "netguard.log"
+    if (NETGUARD_DIR / "sitecustomize.py").exists():
+        os.environ["NETGUARD_LOG"] = str(netguard_log)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.environ.get("PYTHONPATH")]))
+        spec = importlib.util.spec_from_file_location("netguard_sitecustomize", NETGUARD_DIR / "sitecustomize.py")
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))  # guard this process too
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = None
+    try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args=dict(
+                node_ip_address="127.0.0.1",
+                num_cpus=8,
+                include_dashboard=False,
+                dashboard_host="127.0.0.1",
+                temp_dir=temp_dir,
+                # notice a lost node in about 2 s rather than 15
+                _system_config={"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3},
+            ),
+        )
+        ray.init(address=cluster.address, _node_ip_address="127.0.0.1", logging_level="WARNING")
+        test_cluster = RayTestCluster(cluster, netguard_log)
+        yield test_cluster
+        test_cluster.assert_no_outside_connects()
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,4 +1,7 @@
 """The env_manager section: strict parsing, derived defaults, the entry point's choices."""
+import subprocess
+import sys
+
 import pytest
 from mlagents.trainers.exception import TrainerConfigError
 from mlagents.trainers.settings import RunOptions
@@ -46,3 +49,34 @@ def test_disabled_gives_back_upstreams_manager(monkeypatch):
         manager.close()
         for worker in manager.env_workers:  # upstream's close() does not join its workers
             worker.process.join(timeout=10)
+
+
+def test_asking_for_ray_without_ray_says_how_to_install_it():
+    """Run where ``import ray`` fails, as in an install without the [ray] extra."""
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import mlagents_plugin\n"
+        "try:\n"
+        "    import mlagents_plugin.ray_backend\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+        "from mlagents_plugin import plugin\n"
+        "from mlagents_plugin.settings import EnvManagerSettings\n"
+        "try:\n"
+        "    plugin._manager_class(EnvManagerSettings(backend='ray'))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.count("pip install 'mlagents-plugin[ray]'") == 2, out
+    assert "TrainerConfigError env_manager.backend is 'ray'." in out
+
+
+def test_ray_section_is_parsed_strictly():
+    settings = parse_section({"backend": "ray", "ray": {"address": "auto", "num_cpus_per_worker": 2, "resources": {"unity": 1}}})
+    assert settings.ray.address == "auto" and settings.ray.num_cpus_per_worker == 2.0
+    assert settings.ray.scheduling_strategy == "SPREAD"
+    with pytest.raises(TrainerConfigError, match=r"Unknown setting 'num_cpus' in the 'env_manager.ray' section"):
+        parse_section({"backend": "ray", "ray": {"num_cpus": 1}})
+    with pytest.raises(TrainerConfigError, match="'backend' must be in"):
+        parse_section({"backend": "k8s"})

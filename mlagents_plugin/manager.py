@@ -1,0 +1,497 @@
+"""What every backend's env manager shares: ML-Agents' EnvManager over supervised worker slots.
+
+A backend (supervisor.py: local processes; ray_backend.py: Ray actors) only says how a worker
+incarnation is started, how a request reaches it, how the trainer waits for replies and deaths,
+and how a worker is taken down. Everything else lives here, once: the step/reset logic,
+deadlines, the restart policy, port moves, dropping a failed worker's data, health stats, and
+closing whatever is still open at interpreter exit.
+"""
+import abc
+import atexit
+import enum
+import multiprocessing.util  # noqa: F401  registers its exit handler before ours: NOTE [ Interpreter exit ]
+import time
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from mlagents.trainers.action_info import ActionInfo
+from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
+from mlagents.trainers.settings import RunOptions, TrainerSettings
+from mlagents_envs import logging_util
+from mlagents_envs.base_env import BehaviorName, BehaviorSpec
+from mlagents_envs.exception import UnityWorkerInUseException
+from mlagents_envs.timers import hierarchical_timer, timed
+
+from mlagents_plugin import compat
+from mlagents_plugin.errors import RemoteWorkerError, WorkerTimeoutError, exception_from_envelope
+from mlagents_plugin.protocol import (
+    EnvironmentCommand,
+    EnvironmentRequest,
+    EnvironmentResponse,
+    StepPayload,
+    WorkerHello,
+    pack,
+    qualified_name,
+)
+from mlagents_plugin.restart import Cause, RestartPolicy
+from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.stats import HealthStats
+from mlagents_plugin.wire import Decoder
+
+logger = logging_util.get_logger(__name__)
+
+# An upper bound on any single wait, so that a wait never outlives a deadline computed late.
+MAX_WAIT_S = 1.0
+# How many times one worker may move to another worker id because its port is taken.
+MAX_PORT_MOVES = 8
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"  # the worker runs; its env is being built
+    IDLE = "idle"  # no request outstanding
+    BUSY = "busy"  # a STEP or RESET is outstanding
+    RESTARTING = "restarting"  # failed; the next incarnation starts at ``restart_at``
+    FAILED = "failed"  # failed for good; its error went to the trainer
+    CLOSED = "closed"
+
+
+class Slot:
+    """One worker slot; the worker in it is replaced on restart (a new incarnation).
+
+    Backends subclass it to hold how they reach the worker (a process and a pipe, an actor).
+    """
+
+    def __init__(self, worker_id: int):
+        self.worker_id = worker_id
+        self.env_worker_id = worker_id  # what the env factory gets; changes if the port is taken
+        self.incarnation = -1
+        self.state = WorkerState.CLOSED
+        self.pid: Optional[int] = None
+        self.awaiting: Optional[EnvironmentCommand] = None
+        self.sent_at = 0.0
+        self.deadline: Optional[float] = None
+        self.restart_at = 0.0
+        self.last_command: Optional[EnvironmentCommand] = None
+        self.previous_step = EnvironmentStep.empty(worker_id)
+        self.previous_all_action_info: Dict[BehaviorName, ActionInfo] = {}
+        self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}
+        self.decoder = Decoder()  # of the current incarnation's step results
+
+    @property
+    def label(self) -> str:
+        return f"env worker {self.worker_id} (pid {self.pid})"
+
+    @property
+    @abc.abstractmethod
+    def live(self) -> bool:
+        """Whether an incarnation is running (or starting) in this slot."""
+
+
+class SupervisedManagerBase(EnvManager, abc.ABC):
+    def __init__(
+        self,
+        run_options: RunOptions,
+        n_env: int,
+        settings: Optional[EnvManagerSettings],
+    ):
+        super().__init__()
+        self.run_options = run_options
+        self.settings = (settings or EnvManagerSettings()).resolved(run_options)
+        self.env_parameters: Optional[Dict] = None
+        self._restarts = RestartPolicy(
+            run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s
+        )
+        self._slots = [self._new_slot(i) for i in range(n_env)]
+        self._spare_env_worker_id = n_env
+        self._completed: List[EnvironmentStep] = []
+        self._health = HealthStats(n_env)
+        self._closed = False
+
+    def _start_all(self) -> None:
+        """Start every slot; called by the backend once it is set up."""
+        _open_managers.add(self)
+        try:
+            for slot in self._slots:
+                self._start(slot)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------- what a backend provides
+
+    @abc.abstractmethod
+    def _new_slot(self, worker_id: int) -> Slot:
+        ...
+
+    @abc.abstractmethod
+    def _launch(self, slot: Slot) -> None:
+        """Start the slot's next incarnation (``slot.incarnation`` is already counted)."""
+
+    @abc.abstractmethod
+    def _deliver(self, slot: Slot, cmd: EnvironmentCommand, data: bytes) -> None:
+        """Send a packed request to the slot's worker; never raise if the worker is gone."""
+
+    @abc.abstractmethod
+    def _wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for replies and deaths; hand them to ``_handle`` and ``_fail``."""
+
+    @abc.abstractmethod
+    def _take_down(self, slot: Slot, hung: bool) -> None:
+        """Start taking the slot's worker down, in bounded time; it is no longer ``live`` after."""
+
+    @abc.abstractmethod
+    def _leaving(self, slot: Slot) -> bool:
+        """Whether an earlier incarnation of the slot is still on its way out."""
+
+    @abc.abstractmethod
+    def _close_workers(self) -> None:
+        """Close every worker, bounded (called once, by ``close``)."""
+
+    @abc.abstractmethod
+    def _close_outcome(self, worker_id: int) -> str:
+        ...
+
+    def _next_backend_deadline(self) -> Optional[float]:
+        """When the backend next needs ``_pump`` to run, if ever."""
+        return None
+
+    def _advance_backend(self) -> None:
+        """Backend housekeeping after each wait (e.g. escalating workers that are leaving)."""
+
+    def _startup_hint(self) -> str:
+        return ""
+
+    # ----------------------------------------------------------------- EnvManager interface
+
+    def _step(self) -> List[EnvironmentStep]:
+        self._queue_steps()
+        while not self._completed:  # one wait returns every worker that is ready by then
+            self._pump(block=True)
+        steps, self._completed = self._completed, []
+        return self._with_health_stats(steps)
+
+    def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
+        # Steps in flight belong to the episodes being reset: let them land, then drop them.
+        self._pump_until(lambda: all(s.awaiting is not EnvironmentCommand.STEP for s in self._slots))
+        self._completed.clear()
+        self.set_env_parameters(config)
+        for slot in self._slots:
+            if slot.live and slot.awaiting is None:
+                self._request(slot, EnvironmentCommand.RESET)
+        # A worker that fails now is restarted and reset on its own; its reset step then
+        # arrives through _step, like any other.
+        self._pump_until(
+            lambda: all(s.awaiting is not EnvironmentCommand.RESET or not s.live for s in self._slots)
+        )
+        steps, self._completed = self._completed, []
+        return steps
+
+    def set_env_parameters(self, config: Optional[Dict] = None) -> None:
+        self.env_parameters = config
+        for slot in self._slots:
+            if slot.live:
+                self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, config)
+
+    def on_training_started(self, behavior_name: str, trainer_settings: TrainerSettings) -> None:
+        for slot in self._slots:
+            if slot.live:
+                self._send(
+                    slot, EnvironmentCommand.TRAINING_STARTED, (behavior_name, trainer_settings)
+                )
+
+    @property
+    def training_behaviors(self) -> Dict[BehaviorName, BehaviorSpec]:
+        """Every behaviour any worker reported. Workers send specs with READY and whenever
+        new behaviours appear, so this needs no round trip once the workers are up."""
+        self._pump_until(
+            lambda: any(s.behavior_specs for s in self._slots)
+            or all(s.state is not WorkerState.STARTING for s in self._slots)
+        )
+        result: Dict[BehaviorName, BehaviorSpec] = {}
+        for slot in self._slots:
+            result.update(slot.behavior_specs)
+        return result
+
+    @property
+    def worker_pids(self) -> Dict[int, int]:
+        """The pid of each running worker, by worker id."""
+        return {s.worker_id: s.pid for s in self._slots if s.live and s.pid is not None}
+
+    @property
+    def restart_counts(self) -> Dict[str, int]:
+        """Restarts so far, by cause (``died``, ``hung``, ``unity``, ``restart_on``)."""
+        counts: Dict[str, int] = {}
+        for health in self._health.workers:
+            for cause, n in health.restarts.items():
+                counts[cause.value] = counts.get(cause.value, 0) + n
+        return counts
+
+    def close(self) -> None:
+        """Close every worker, bounded (see the backend's ``_close_workers``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _open_managers.discard(self)
+        try:
+            self._close_workers()
+        finally:
+            for slot in self._slots:
+                slot.state = WorkerState.CLOSED
+                logger.info(
+                    f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
+                    f"at close it {self._close_outcome(slot.worker_id)}."
+                )
+
+    # ------------------------------------------------------------------------ stepping
+
+    def _queue_steps(self) -> None:
+        for slot in self._slots:
+            if slot.state is WorkerState.IDLE:
+                all_action_info = self._take_step(slot.previous_step)
+                slot.previous_all_action_info = all_action_info
+                env_actions = {
+                    name: info.env_action
+                    for name, info in all_action_info.items()
+                    if len(info.agent_ids) > 0
+                }
+                self._request(slot, EnvironmentCommand.STEP, env_actions)
+
+    @timed
+    def _take_step(self, last_step: EnvironmentStep) -> Dict[BehaviorName, ActionInfo]:
+        all_action_info: Dict[str, ActionInfo] = {}
+        for brain_name, step_tuple in last_step.current_all_step_result.items():
+            if brain_name in self.policies:
+                all_action_info[brain_name] = self.policies[brain_name].get_action(
+                    step_tuple[0], last_step.worker_id
+                )
+        return all_action_info
+
+    def _with_health_stats(self, steps: List[EnvironmentStep]) -> List[EnvironmentStep]:
+        """Attach due health numbers to the first step (see stats.py)."""
+        health = self._health.due()
+        if not health:
+            return steps
+        first = steps[0]
+        stats = {**first.environment_stats, **health}
+        return [first._replace(environment_stats=stats)] + steps[1:]
+
+    # ------------------------------------------------------------------ worker lifecycle
+
+    def _start(self, slot: Slot) -> None:
+        slot.incarnation += 1
+        slot.awaiting, slot.last_command = None, None
+        slot.previous_step = EnvironmentStep.empty(slot.worker_id)
+        slot.previous_all_action_info = {}
+        self._launch(slot)
+        slot.state = WorkerState.STARTING
+        slot.deadline = time.monotonic() + self.settings.startup_timeout_s
+
+    def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
+        slot.last_command = cmd
+        self._deliver(slot, cmd, pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload)))
+
+    def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
+        """Send a request that has a reply (STEP, RESET), and start its clock."""
+        self._send(slot, cmd, payload)
+        slot.awaiting = cmd
+        slot.sent_at = time.monotonic()
+        if slot.state is not WorkerState.STARTING:  # a starting worker's clock runs already
+            slot.state = WorkerState.BUSY
+            slot.deadline = slot.sent_at + self.settings.step_timeout_s
+
+    def _retire(self, slot: Slot, hung: bool) -> None:
+        """Take the slot's worker down and drop what the trainer held of it."""
+        slot.decoder.close()
+        slot.decoder = Decoder()
+        self._take_down(slot, hung)
+        slot.awaiting, slot.deadline = None, None
+
+    # ------------------------------------------------------------------------- events
+
+    def _pump_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._pump(block=True)
+
+    def _check_usable(self) -> None:
+        name = type(self).__name__
+        if self._closed:
+            raise RuntimeError(f"This {name} is closed.")
+        if not any(s.live or s.state is WorkerState.RESTARTING for s in self._slots):
+            raise RuntimeError(
+                "Every env worker has failed (their errors were raised earlier); close this "
+                f"{name} and create a new one."
+            )
+
+    def _pump(self, block: bool) -> None:
+        """Wait once (bounded) for replies, deaths and deadlines, and handle them."""
+        self._check_usable()
+        self._wait(self._time_to_next_deadline() if block else 0.0)
+        self._advance_backend()
+        self._check_deadlines()
+        self._start_due_restarts()
+
+    def _time_to_next_deadline(self) -> float:
+        deadlines = [s.deadline for s in self._slots if s.deadline is not None]
+        deadlines += [s.restart_at for s in self._slots if s.state is WorkerState.RESTARTING]
+        backend_deadline = self._next_backend_deadline()
+        if backend_deadline is not None:
+            deadlines.append(backend_deadline)
+        if not deadlines:
+            return MAX_WAIT_S
+        return min(MAX_WAIT_S, max(0.0, min(deadlines) - time.monotonic()))
+
+    def _handle(self, slot: Slot, response: EnvironmentResponse) -> None:
+        if response.incarnation != slot.incarnation:
+            logger.debug(f"Dropped a {response.cmd.name} from a replaced {slot.label}.")
+            return
+        if response.cmd is EnvironmentCommand.READY:
+            hello: WorkerHello = response.payload
+            slot.pid = hello.pid
+            slot.behavior_specs.update(hello.behavior_specs or {})
+            if slot.awaiting is None:
+                slot.state, slot.deadline = WorkerState.IDLE, None
+            else:  # the queued request starts being served now
+                slot.state = WorkerState.BUSY
+                slot.sent_at = time.monotonic()
+                slot.deadline = slot.sent_at + self.settings.step_timeout_s
+        elif response.cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
+            payload: StepPayload = response.payload
+            if payload.behavior_specs:
+                slot.behavior_specs.update(payload.behavior_specs)
+            if payload.timer_root is not None:
+                self._merge_worker_timers(payload.timer_root)
+            if response.cmd is EnvironmentCommand.RESET:
+                slot.previous_all_action_info = {}
+            else:
+                self._health.stepped(slot.worker_id, time.monotonic() - slot.sent_at)
+            step = EnvironmentStep(
+                slot.decoder.decode(payload.all_step_result),
+                slot.worker_id,
+                slot.previous_all_action_info,
+                payload.environment_stats,
+            )
+            slot.previous_step = step
+            slot.state, slot.awaiting, slot.deadline = WorkerState.IDLE, None, None
+            self._completed.append(step)
+        elif response.cmd is EnvironmentCommand.ENV_EXITED:
+            self._fail(slot, exception_from_envelope(response.payload, slot.label))
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            if slot.live and slot.deadline is not None and now > slot.deadline:
+                if slot.state is WorkerState.STARTING:
+                    what = (
+                        f"did not finish building its env within startup_timeout_s="
+                        f"{self.settings.startup_timeout_s} s{self._startup_hint()}"
+                    )
+                else:
+                    what = (
+                        f"did not answer {_name(slot.awaiting)} within step_timeout_s="
+                        f"{self.settings.step_timeout_s} s"
+                    )
+                self._fail(
+                    slot,
+                    WorkerTimeoutError(
+                        f"{slot.label} {what}; it is hung, or the env is slower than the "
+                        "timeout allows (raise env_manager.step_timeout_s or --timeout-wait).",
+                        slot.worker_id,
+                        slot.pid,
+                    ),
+                    hung=True,
+                )
+
+    def _fail(self, slot: Slot, exc: BaseException, hung: bool = False) -> None:
+        """A worker failed: restart it if the policy allows, else raise ``exc`` to the trainer.
+
+        Only this worker restarts; the others keep stepping. Its steps not yet returned, and
+        its partial trajectories, are dropped: they came from the env that failed.
+        """
+        worker_id = slot.worker_id
+        self._completed = [s for s in self._completed if s.worker_id != worker_id]
+        self._retire(slot, hung=hung)
+        compat.drop_worker_trajectories(self.agent_managers, worker_id)
+        if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
+            self._move_to_another_port(slot)
+            return
+        cause = self._restarts.classify(exc)
+        restart = cause is not Cause.OTHER and self._restarts.has_quota(worker_id)
+        self._health.failed(worker_id, cause, restart)
+        if restart:
+            delay = self._restarts.record(worker_id, cause, exc)
+            logger.warning(
+                f"Restarting env worker {worker_id} in {delay:.1f} s after "
+                f"{type(exc).__name__}: {exc}"
+            )
+            slot.state = WorkerState.RESTARTING
+            slot.restart_at = time.monotonic() + delay
+            return
+        slot.state = WorkerState.FAILED
+        if cause is not Cause.OTHER:
+            exc.add_note(self._restarts.explain_refusal(worker_id))
+        logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
+        raise exc
+
+    def _move_to_another_port(self, slot: Slot) -> None:
+        """Restart the worker with a worker id nobody uses: a Unity build's port is
+        base_port + worker id, and something (often a player left from an earlier run)
+        holds this one."""
+        base_port = self.run_options.env_settings.base_port
+        old, new = slot.env_worker_id, self._spare_env_worker_id
+        self._spare_env_worker_id += 1
+        slot.env_worker_id = new
+        self._health.moved_port(slot.worker_id)
+        logger.warning(
+            f"Env worker {slot.worker_id}: port {base_port + old} (worker id {old}) is in use, "
+            f"often by a Unity player left from an earlier run; moving to worker id {new} "
+            f"(port {base_port + new})."
+        )
+        slot.state = WorkerState.RESTARTING
+        slot.restart_at = time.monotonic()
+
+    def _start_due_restarts(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            if (
+                slot.state is WorkerState.RESTARTING
+                and now >= slot.restart_at
+                and not self._leaving(slot)  # one incarnation alive at a time
+            ):
+                self._start(slot)
+                if self.env_parameters is not None:
+                    self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self.env_parameters)
+                self._request(slot, EnvironmentCommand.RESET)
+
+    @staticmethod
+    def _merge_worker_timers(timer_root: Any) -> None:
+        if timer_root is None:
+            return
+        with hierarchical_timer("workers") as main_timer_node:
+            main_timer_node.merge(timer_root, root_name="worker_root", is_parallel=True)
+
+
+def _name(command: Optional[EnvironmentCommand]) -> str:
+    return command.name if command is not None else "none yet"
+
+
+def _is_port_in_use(exc: BaseException) -> bool:
+    # A rebuilt UnityWorkerInUseException garbles its message, so it arrives by name.
+    return isinstance(exc, UnityWorkerInUseException) or (
+        isinstance(exc, RemoteWorkerError)
+        and exc.type_name == qualified_name(UnityWorkerInUseException)
+    )
+
+
+# NOTE [ Interpreter exit ]
+# Worker processes are not daemonic (a daemonic process may not start children, and envs may
+# need to), so multiprocessing's own exit handler *joins* them, without a timeout. A trainer that
+# never called close() would hang there. This handler is registered after multiprocessing's and
+# therefore runs before it: it closes every manager still open, ladder included, so nothing is
+# left for multiprocessing to wait for. (Ray actors outlive a driver that never closes them
+# only until Ray notices the driver is gone; closing them here is faster and says so.)
+_open_managers: Set[SupervisedManagerBase] = set()
+
+
+@atexit.register
+def _close_open_managers() -> None:
+    for manager in list(_open_managers):
+        manager.close()

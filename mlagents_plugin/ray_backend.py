@@ -1,0 +1,290 @@
+"""RayEnvManager: the same supervised env manager, its workers Ray actors anywhere in a cluster.
+
+Everything but the transport is shared with the subprocess backend (manager.py): the step and
+reset logic, deadlines, the restart policy, port moves, health stats. Here a worker incarnation
+is an actor (ray_actor.py, NOTE [ Ray actors host a worker process ]); a request is an actor
+call whose result is the worker's reply; the trainer blocks in ``ray.wait`` on every call in
+flight; a lost actor or node is a worker death; a hung worker is killed with ``ray.kill``.
+docs/ray.md says how to run it on a cluster and what fails how.
+"""
+import os
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from mlagents.trainers.settings import RunOptions
+from mlagents_envs import logging_util
+from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.side_channel.side_channel import SideChannel
+
+from mlagents_plugin import python_envs, ray_local, signals
+from mlagents_plugin.errors import WorkerDiedError
+from mlagents_plugin.manager import Slot, SupervisedManagerBase, _name
+from mlagents_plugin.processes import describe_exit
+from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
+from mlagents_plugin.ray_actor import ActorReply, EnvWorkerActor
+from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.worker import WorkerSpec
+
+INSTALL_HINT = (
+    "The Ray backend needs Ray: pip install 'mlagents-plugin[ray]' (it pins ray==2.60.0)."
+)
+try:
+    import ray
+    from ray.exceptions import RayActorError, RayError
+except ImportError as e:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError(INSTALL_HINT) from e
+
+logger = logging_util.get_logger(__name__)
+
+# Slack on top of shutdown_timeout_s + kill_grace_s for an actor's own close ladder to answer.
+CLOSE_SLACK_S = 5.0
+
+
+class _ActorSlot(Slot):
+    def __init__(self, worker_id: int):
+        super().__init__(worker_id)
+        self.actor: Any = None
+        self.where: Optional[Tuple[str, str, int]] = None  # node id, node address, actor pid
+
+    @property
+    def live(self) -> bool:
+        return self.actor is not None
+
+    @property
+    def label(self) -> str:
+        if self.where is None:
+            return f"env worker {self.worker_id} (Ray actor not started yet)"
+        node_id, address, actor_pid = self.where
+        return (
+            f"env worker {self.worker_id} (pid {self.pid}, in Ray actor pid {actor_pid} on "
+            f"node {address} {node_id[:8]})"
+        )
+
+
+class _Departure(NamedTuple):
+    """An actor on its way out: its close call, or after ray.kill, a probe that fails once it is dead."""
+
+    actor: Any
+    ref: Any
+    deadline: float
+    killed: bool
+    label: str
+    last_command: Optional[EnvironmentCommand]
+
+
+class RayEnvManager(SupervisedManagerBase):
+    def __init__(
+        self,
+        env_factory: Callable[[int, List[SideChannel]], BaseEnv],
+        run_options: RunOptions,
+        n_env: int = 1,
+        settings: Optional[EnvManagerSettings] = None,
+    ):
+        super().__init__(run_options, n_env, settings)
+        ray_settings = self.settings.ray
+        self._own_ray: Optional[str] = None  # our temp dir, if we started Ray
+        if not ray.is_initialized():
+            if ray_settings.address is None:
+                # As many logical CPUs as the workers ask for: on one machine they share the
+                # cores anyway, as subprocess workers do, and none may wait for a free CPU.
+                cpus = max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker)
+                self._own_ray = ray_local.start(num_cpus=cpus)
+                logger.info("Started a one-node Ray on loopback for the env workers.")
+            else:
+                ray.init(address=ray_settings.address, logging_level="WARNING")
+        self._actor_class = ray.remote(EnvWorkerActor).options(
+            num_cpus=ray_settings.num_cpus_per_worker,
+            resources=dict(ray_settings.resources),
+            runtime_env=ray_settings.runtime_env,
+            scheduling_strategy=ray_settings.scheduling_strategy,
+            max_restarts=0,  # restarts are the manager's, under its policy
+            max_task_retries=0,
+        )
+        self._pickled_factory = python_envs.dumps_factory(env_factory, other_machines=True)
+        self._in_flight: Dict[Any, Tuple[_ActorSlot, int]] = {}  # call -> slot, incarnation
+        self._departures: Dict[int, _Departure] = {}
+        self._outcomes: Dict[int, str] = {}
+        self._start_all()
+
+    def _new_slot(self, worker_id: int) -> _ActorSlot:
+        return _ActorSlot(worker_id)
+
+    # ------------------------------------------------------------------ worker lifecycle
+
+    def _launch(self, slot: _ActorSlot) -> None:
+        spec = WorkerSpec(
+            worker_id=slot.worker_id,
+            incarnation=slot.incarnation,
+            env_worker_id=slot.env_worker_id,
+            pickled_env_factory=self._pickled_factory,
+            run_options=self.run_options,
+            log_level=logger.getEffectiveLevel(),
+            trainer_pid=0,  # each actor fills in its own: NOTE [ Ray actors host a worker process ]
+            owner_tag="",
+            segment_prefix=None,
+        )
+        slot.actor = self._actor_class.remote(
+            spec, self.settings.shutdown_timeout_s, self.settings.kill_grace_s
+        )
+        slot.pid, slot.where = None, None
+        self._in_flight[slot.actor.start.remote()] = (slot, slot.incarnation)
+
+    def _deliver(self, slot: _ActorSlot, cmd: EnvironmentCommand, data: bytes) -> None:
+        # Ray runs one caller's calls on an actor in the order they were made.
+        if cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
+            self._in_flight[slot.actor.call.remote(data)] = (slot, slot.incarnation)
+        else:
+            slot.actor.tell.remote(data)
+
+    def _take_down(self, slot: _ActorSlot, hung: bool) -> None:
+        """A hung worker's actor is killed at once; any other is asked to close its worker."""
+        actor, slot.actor = slot.actor, None
+        self._in_flight = {r: v for r, v in self._in_flight.items() if v[0] is not slot}
+        last_command = slot.awaiting or slot.last_command
+        if hung:
+            self._kill(slot.worker_id, actor, slot.label, last_command, "did not answer")
+        else:
+            self._departures[slot.worker_id] = _Departure(
+                actor,
+                actor.close.remote(),
+                time.monotonic() + self.settings.shutdown_timeout_s + self.settings.kill_grace_s + CLOSE_SLACK_S,
+                False,
+                slot.label,
+                last_command,
+            )
+
+    def _kill(
+        self, worker_id: int, actor: Any, label: str, last_command: Optional[EnvironmentCommand], why: str
+    ) -> None:
+        logger.warning(
+            f"Zombie worker report: {label} {why} (last command: {_name(last_command)}); "
+            "killing its Ray actor."
+        )
+        ray.kill(actor, no_restart=True)
+        probe = actor.start.remote()  # fails as soon as the actor is dead
+        self._departures[worker_id] = _Departure(
+            actor, probe, time.monotonic() + self.settings.kill_grace_s, True, label, last_command
+        )
+
+    def _leaving(self, slot: _ActorSlot) -> bool:
+        return slot.worker_id in self._departures
+
+    def _close_workers(self) -> None:
+        """Close every actor's worker (each runs its own ladder), kill what does not answer,
+        within shutdown_timeout_s + kill_grace_s + CLOSE_SLACK_S, then kill every actor."""
+        at_once = signals.interrupted_twice()  # NOTE [ Trainer signals ]
+        try:
+            for slot in self._slots:
+                if slot.live:
+                    slot.last_command = EnvironmentCommand.CLOSE
+                    self._retire(slot, hung=at_once)
+            while self._departures:
+                self._wait(self._time_to_next_deadline())
+                self._advance_backend()
+        except KeyboardInterrupt:
+            logger.warning("Interrupted again while closing: killing the env workers' actors now.")
+            for worker_id, departure in list(self._departures.items()):
+                if not departure.killed:
+                    self._kill(worker_id, departure.actor, departure.label, departure.last_command, "was interrupted")
+            raise
+        finally:
+            if self._own_ray is not None:
+                ray_local.stop(self._own_ray)
+
+    def _close_outcome(self, worker_id: int) -> str:
+        return self._outcomes.get(worker_id, "was not running")
+
+    def _startup_hint(self) -> str:
+        return (
+            " (or its Ray actor was never placed: check that the cluster has the resources "
+            "env_manager.ray asks for, with `ray status`)"
+        )
+
+    # ------------------------------------------------------------------------- events
+
+    def _wait(self, timeout: float) -> None:
+        """Block in ``ray.wait`` on every call in flight and every departure (no polling)."""
+        refs = list(self._in_flight) + [d.ref for d in self._departures.values()]
+        if not refs:
+            time.sleep(timeout)
+            return
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        for ref in ready:
+            if ref in self._in_flight:
+                slot, incarnation = self._in_flight.pop(ref)
+                if slot.live and slot.incarnation == incarnation:
+                    self._receive(slot, ref)
+
+    def _receive(self, slot: _ActorSlot, ref: Any) -> None:
+        try:
+            reply: ActorReply = ray.get(ref)
+        except RayActorError as e:
+            self._fail(
+                slot,
+                WorkerDiedError(
+                    f"{slot.label}: its Ray actor died (last command: {_name(slot.last_command)}); "
+                    f"the node may have been lost. Ray says: {_first_line(e)}",
+                    slot.worker_id,
+                    slot.pid,
+                ),
+            )
+            return
+        if reply.where is not None:
+            slot.where = reply.where
+        if reply.message is not None:
+            self._handle(slot, unpack_response(reply.message))
+        elif reply.exitcode is not None:
+            self._fail(
+                slot,
+                WorkerDiedError(
+                    f"{slot.label} {describe_exit(reply.exitcode)} "
+                    f"(last command: {_name(slot.last_command)}).",
+                    slot.worker_id,
+                    slot.pid,
+                    reply.exitcode,
+                ),
+            )
+
+    def _next_backend_deadline(self) -> Optional[float]:
+        return min((d.deadline for d in self._departures.values()), default=None)
+
+    def _advance_backend(self) -> None:
+        """Finish departures that are done; kill actors whose close is overdue."""
+        now = time.monotonic()
+        for worker_id, departure in list(self._departures.items()):
+            done, _ = ray.wait([departure.ref], timeout=0)
+            if done:
+                del self._departures[worker_id]
+                self._finish(worker_id, departure)
+            elif now >= departure.deadline:
+                del self._departures[worker_id]
+                if departure.killed:
+                    logger.error(
+                        f"{departure.label}: its Ray actor was killed but Ray did not confirm "
+                        f"it is gone within kill_grace_s={self.settings.kill_grace_s} s."
+                    )
+                    self._outcomes[worker_id] = "was killed (not confirmed)"
+                else:
+                    self._kill(
+                        worker_id, departure.actor, departure.label, departure.last_command,
+                        "did not close within shutdown_timeout_s + kill_grace_s",
+                    )
+
+    def _finish(self, worker_id: int, departure: _Departure) -> None:
+        if departure.killed:
+            self._outcomes[worker_id] = "was killed with ray.kill"
+            return
+        try:
+            timers, outcome = ray.get(departure.ref)
+            self._merge_worker_timers(timers)
+            self._outcomes[worker_id] = outcome or "exited"
+        except RayError as e:
+            self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
+        ray.kill(departure.actor, no_restart=True)  # its worker is reaped: free its resources
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,92 @@
+"""A Ray that the project starts itself (no ``ray.address`` given; tests; benchmarks): loopback only.
+
+# NOTE [ Ray on loopback ]
+# Left to its defaults, a Ray head reaches out of the machine: its usage-stats module asks cloud
+# metadata addresses (169.254.169.254, metadata.google.internal) which cloud it runs in, even with
+# usage stats off, and may post a "usage disabled" report; and it rewrites 127.0.0.1 to the
+# machine's outward address, found by "connecting" a UDP socket to 8.8.8.8. A Ray that we start
+# ourselves therefore runs with the environment below, set before ``ray.init`` so that every Ray
+# process inherits it: usage stats off and their report URL on a dead loopback port; HTTP(S)
+# proxies on that dead port, so the metadata probes die at once on loopback; no rewriting of
+# 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, plus an explicit node address); token
+# authentication with a token made for this run; no dashboard. Its temporary directory is short
+# (Ray's socket paths must fit in 107 bytes) and ours, and is removed when Ray stops.
+# A cluster given by address is the user's: its settings are left alone (docs/ray.md).
+"""
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from typing import Dict, Optional
+
+LOOPBACK = "127.0.0.1"
+_DEAD_PORT = "http://127.0.0.1:9"  # discard: nothing listens, so a connect is refused at once
+
+
+def loopback_environment() -> Dict[str, str]:
+    """The environment every Ray process the project starts runs with (NOTE [ Ray on loopback ])."""
+    return {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_USAGE_STATS_REPORT_URL": _DEAD_PORT + "/",
+        "http_proxy": _DEAD_PORT,
+        "https_proxy": _DEAD_PORT,
+        "HTTP_PROXY": _DEAD_PORT,
+        "HTTPS_PROXY": _DEAD_PORT,
+        "no_proxy": "localhost,127.0.0.1,::1",
+        "NO_PROXY": "localhost,127.0.0.1,::1",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32),
+    }
+
+
+def prepare_environment() -> str:
+    """Set the loopback environment in this process and make Ray's temporary directory.
+
+    Returns the directory to pass to Ray as its temp dir. Call before Ray starts anything.
+    """
+    os.environ.update(loopback_environment())
+    os.environ.pop("RAY_ADDRESS", None)
+    if "ray" in sys.modules:
+        # Ray read part of its environment when it was imported (pinned ray==2.60.0): its
+        # configuration and token (RAY_AUTH_MODE, RAY_AUTH_TOKEN), read again as Ray's own
+        # tests do, and RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, kept in a module constant.
+        from ray._private import ray_constants
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    root = tempfile.mkdtemp(prefix="mlap-ray-", dir="/tmp")  # short: see the NOTE
+    os.environ["RAY_TMPDIR"] = root
+    os.makedirs(os.path.join(root, "ray"))
+    return os.path.join(root, "ray")
+
+
+def start(num_cpus: Optional[float] = None) -> str:
+    """Start a one-node Ray on loopback in this process; return its temp dir (for ``stop``)."""
+    import ray
+
+    temp_dir = prepare_environment()
+    try:
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+            _temp_dir=temp_dir,
+            num_cpus=num_cpus,
+            logging_level="WARNING",
+        )
+    except BaseException:
+        stop(temp_dir)
+        raise
+    return temp_dir
+
+
+def stop(temp_dir: str) -> None:
+    """Stop the Ray this process started, and remove its temporary directory."""
+    import ray
+
+    ray.shutdown()
+    shutil.rmtree(os.path.dirname(temp_dir), ignore_errors=True)

@@ -1,0 +1,234 @@
+"""RayEnvManager on the session's loopback Ray cluster: training, faults, node loss, close.
+
+Every test here shares one Ray (the ``ray_cluster`` fixture, conftest.py) and one xdist worker.
+"""
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlagents.trainers.settings import RunOptions
+from mlagents.trainers.learn import create_environment_factory
+
+from mlagents_plugin.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
+from mlagents_plugin.player.build import make_build
+from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.testing import (
+    HangingEnvironment,
+    PlayerLaunchingEnvironment,
+    SimpleEnvironment,
+    UnexpectedExceptionEnvironment,
+    UnpicklableExceptionEnvironment,
+    make_factory,
+)
+from mlagents_plugin.testing.training import check_environment_trains, train
+from helpers import free_port_block, run_learn, write_config
+
+from mlagents_plugin.ray_backend import RayEnvManager
+
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
+
+
+class CustomTestOnlyException(Exception):
+    pass
+
+
+@pytest.fixture
+def ray_manager(ray_cluster):
+    """``make(env_factory, n_env, run_options=None, **settings)`` -> a RayEnvManager, closed after;
+    then no actor and no env worker of it may be left, nor an outside connect logged."""
+    managers = []
+
+    def make(env_factory, n_env=1, run_options=None, **settings):
+        settings.setdefault("ray", {"num_cpus_per_worker": 1})
+        manager = RayEnvManager(
+            env_factory, run_options or RunOptions(), n_env, EnvManagerSettings(backend="ray", **settings)
+        )
+        managers.append(manager)
+        return manager
+
+    yield make
+    pids = []
+    for manager in managers:
+        pids += [slot.where[2] for slot in manager._slots if slot.where] + list(manager.worker_pids.values())
+        manager.close()
+    assert not _alive_after(pids, 5.0), "actors or env workers outlived close()"
+    ray_cluster.assert_no_outside_connects()
+
+
+@pytest.mark.timeout(300)
+def test_ppo_trains_through_ray_actors(ray_manager):
+    manager = ray_manager(make_factory(SimpleEnvironment), 2)
+    check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+
+
+@pytest.mark.timeout(300)
+def test_actor_killed_mid_run_is_restarted_and_training_continues(ray_manager):
+    manager = ray_manager(make_factory(SimpleEnvironment), 2, restart_backoff_s=0.0)
+    manager.reset()
+    actor_pid = _actor_pid(manager, 1)
+    killer = threading.Timer(3.0, os.kill, (actor_pid, signal.SIGKILL))
+    killer.start()
+    try:
+        check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+    finally:
+        killer.cancel()
+    assert manager.restart_counts == {"died": 1}
+    assert _actor_pid(manager, 1) != actor_pid
+
+
+@pytest.mark.timeout(120)
+def test_actor_death_is_a_worker_death_naming_the_actor(ray_manager):
+    run_options = RunOptions()
+    run_options.env_settings.max_lifetime_restarts = 0  # no restart: the death surfaces
+    manager = ray_manager(make_factory(SimpleEnvironment, step_sleep_s=0.01), 2, run_options, step_timeout_s=600)
+    manager.reset()
+    actor_pid = _actor_pid(manager, 0)
+    os.kill(actor_pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        for _ in range(10_000):
+            manager.get_steps()
+    assert time.monotonic() - started < 5
+    assert f"in Ray actor pid {actor_pid} on node 127.0.0.1" in str(info.value)
+    assert "its Ray actor died" in str(info.value)
+    assert "no restarts left" in info.value.__notes__[-1]
+
+
+@pytest.mark.timeout(120)
+def test_custom_exception_reaches_the_trainer_with_its_type(ray_manager):
+    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=CustomTestOnlyException, after_steps=5)
+    manager = ray_manager(factory, 2)
+    with pytest.raises(CustomTestOnlyException) as info:
+        train(manager, max_steps=1000)
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert "in fire" in str(info.value.__cause__)
+    assert any("during STEP" in note for note in info.value.__notes__)
+
+
+@pytest.mark.timeout(120)
+def test_unpicklable_exception_arrives_by_name(ray_manager):
+    manager = ray_manager(make_factory(UnpicklableExceptionEnvironment, after_steps=2), 1)
+    manager.reset()
+    with pytest.raises(RemoteWorkerError) as info:
+        for _ in range(100):
+            manager.get_steps()
+    assert info.value.type_name.endswith("LockHoldingError")
+
+
+@pytest.mark.timeout(120)
+def test_hung_actor_is_killed_and_restarted(ray_manager, caplog):
+    factory = make_factory(HangingEnvironment, after_steps=20, only_worker=1)
+    manager = ray_manager(factory, 2, step_timeout_s=2.0, restart_backoff_s=0.0)
+    manager.reset()
+    hung_actor = _actor_pid(manager, 1)
+    deadline = time.monotonic() + 60
+    while manager.restart_counts.get("hung") != 1 and time.monotonic() < deadline:
+        manager.get_steps()
+    assert manager.restart_counts == {"hung": 1}
+    assert "Zombie worker report: env worker 1" in caplog.text
+    assert not _alive_after([hung_actor], 5.0)
+    for _ in range(50):  # the restarted worker steps again (it hangs only once: after_steps counts anew)
+        manager.get_steps()
+
+
+@pytest.mark.timeout(180)
+def test_actor_kill_takes_its_player_down(ray_manager, tmp_path):
+    """A Unity-like player runs in its own session, outside the actor's process tree."""
+    pid_dir = tmp_path / "players"
+    pid_dir.mkdir()
+    manager = ray_manager(make_factory(PlayerLaunchingEnvironment, player_pid_dir=str(pid_dir)), 1, restart_backoff_s=0.0)
+    manager.reset()
+    (first_player,) = [int(p.name) for p in pid_dir.iterdir()]
+    os.kill(_actor_pid(manager, 0), signal.SIGKILL)
+    while len(list(pid_dir.iterdir())) < 2:
+        manager.get_steps()
+    assert not _alive_after([first_player], 3.0), "the killed actor's player survived"
+    manager.close()
+    assert not _alive_after([int(p.name) for p in pid_dir.iterdir()], 3.0)
+
+
+@pytest.mark.timeout(240)
+def test_removed_node_has_its_actors_recreated_on_the_survivor(ray_cluster, ray_manager):
+    node = ray_cluster.add_node(num_cpus=8)
+    try:
+        manager = ray_manager(make_factory(SimpleEnvironment), 2, restart_backoff_s=0.0)  # SPREAD
+        manager.reset()
+        for _ in range(20):
+            manager.get_steps()
+        nodes = {slot.worker_id: slot.where[0] for slot in manager._slots}
+        assert node.node_id in nodes.values() and len(set(nodes.values())) == 2
+        lost = [w for w, n in nodes.items() if n == node.node_id]
+    finally:
+        ray_cluster.cluster.remove_node(node)
+    deadline = time.monotonic() + 60
+    stepped = set()
+    while time.monotonic() < deadline and not (
+        manager.restart_counts.get("died", 0) == len(lost) and stepped >= set(lost)
+    ):
+        steps = manager.get_steps()
+        if manager.restart_counts.get("died", 0) == len(lost):
+            stepped |= {step.worker_id for step in steps}
+    assert manager.restart_counts == {"died": len(lost)}
+    assert stepped >= set(lost), "the re-created actors never stepped"
+    assert all(slot.where[0] != node.node_id for slot in manager._slots)
+
+
+@pytest.mark.timeout(180)
+def test_player_build_runs_on_the_actors_node(ray_manager, tmp_path):
+    """Stock mlagents-learn's env factory on a player build, two workers on distinct ports."""
+    make_build(str(tmp_path), "goal")
+    run_options = RunOptions()
+    env_settings = run_options.env_settings
+    env_settings.base_port = free_port_block(4)
+    factory = create_environment_factory(
+        str(tmp_path / "goal"), True, True, 0, 1, 60, env_settings.base_port, [], str(tmp_path)
+    )
+    manager = ray_manager(factory, 2, run_options)
+    manager.reset()
+    assert "Goal?team=0" in manager.training_behaviors
+    for _ in range(30):
+        manager.get_steps()
+    players = [c for pid in manager.worker_pids.values() for c in psutil.Process(pid).children()]
+    manager.close()
+    assert not _alive_after([p.pid for p in players], 3.0)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_mlagents_learn_trains_with_the_ray_backend(ray_cluster, tmp_path):
+    config = write_config(
+        tmp_path,
+        "simple_python_env.yaml",
+        lambda c: c["env_manager"].update(backend="ray", ray={"address": ray_cluster.address}),
+    )
+    result = run_learn(tmp_path, config, "--num-envs=2")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Env manager: RayEnvManager" in result.stdout
+    assert list(Path(tmp_path).rglob("*.onnx"))
+    ray_cluster.assert_no_outside_connects()
+
+
+def _actor_pid(manager: RayEnvManager, worker_id: int) -> int:
+    slot = manager._slots[worker_id]
+    assert slot.where is not None, f"worker {worker_id} has not started"
+    return slot.where[2]
+
+
+def _alive_after(pids, grace_s: float):
+    """The pids still running (not zombies) after up to ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
