@@ -1,6 +1,6 @@
 """``make bench``: every benchmark, side by side in one run; JSON and Markdown in results/bench/.
 
-    python benchmarks/bench.py [--quick] [--only throughput unity faults drift]
+    python benchmarks/bench.py [--quick] [--only throughput unity faults drift ray] [--ray-address ADDR]
 
 ``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
 """
@@ -16,10 +16,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import drift  # noqa: E402
 import fault_costs  # noqa: E402
+import ray_vs_subprocess  # noqa: E402
 import throughput  # noqa: E402
 import unity_path  # noqa: E402
 
-SECTIONS = {"throughput": throughput, "unity": unity_path, "faults": fault_costs, "drift": drift}
+SECTIONS = {"throughput": throughput, "unity": unity_path, "faults": fault_costs, "drift": drift, "ray": ray_vs_subprocess}
 
 
 def main() -> None:
@@ -27,7 +28,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--out", default="results/bench")
+    parser.add_argument("--ray-address", help="an existing Ray cluster for the ray section (default: start one)")
     args = parser.parse_args()
+    ray_vs_subprocess.ADDRESS = args.ray_address
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

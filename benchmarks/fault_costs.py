@@ -34,7 +34,7 @@ def death(n_env: int) -> Dict[str, float]:
         EnvManagerSettings(restart_backoff_s=0.0),
     )
     handler = _FirstRestart()
-    logging.getLogger("mlagents_plugin.supervisor").addHandler(handler)
+    logging.getLogger("mlagents_plugin.manager").addHandler(handler)
     try:
         manager.reset({})
         for _ in range(20):
@@ -42,14 +42,17 @@ def death(n_env: int) -> Dict[str, float]:
         victim = n_env - 1
         killed_at = time.perf_counter()
         os.kill(manager.worker_pids[victim], signal.SIGKILL)
-        while True:
+        deadline = killed_at + 60  # bounded: a restart that never comes fails the benchmark
+        while time.perf_counter() < deadline:
             steps = manager.get_steps()
             if handler.at is not None and any(s.worker_id == victim for s in steps):
                 back_at = time.perf_counter()
                 break
+        else:
+            raise RuntimeError(f"worker {victim} was not restarted within 60 s")
         return {"detection_ms": 1000 * (handler.at - killed_at), "restart_to_first_step_ms": 1000 * (back_at - killed_at)}
     finally:
-        logging.getLogger("mlagents_plugin.supervisor").removeHandler(handler)
+        logging.getLogger("mlagents_plugin.manager").removeHandler(handler)
         manager.close()
 
 

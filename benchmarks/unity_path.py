@@ -20,11 +20,16 @@ import json, os, sys, time, socket
 from google.protobuf.internal import api_implementation  # picks the backend, from the environment
 os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)  # the player keeps the fast one
 from mlagents_envs.environment import UnityEnvironment
+from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_plugin import fast_protobuf
 build, agents, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 with socket.socket() as s:
     s.bind(("localhost", 0)); port = s.getsockname()[1]
-env = UnityEnvironment(build, base_port=port, no_graphics=True, additional_args=["--num-agents", str(agents)])
+# The player sends stats, as Unity builds do; a trainer registers the stats channel for them
+# (an unregistered channel makes mlagents-envs log a warning per message, through a new handler
+# each time: a cost that grows with every step and is not the protocol's).
+env = UnityEnvironment(build, base_port=port, no_graphics=True, additional_args=["--num-agents", str(agents)],
+                       side_channels=[StatsSideChannel()])
 try:
     env.reset()
     (name, spec), = env.behavior_specs.items()

@@ -7,6 +7,7 @@ call whose result is the worker's reply; the trainer blocks in ``ray.wait`` on e
 flight; a lost actor or node is a worker death; a hung worker is killed with ``ray.kill``.
 docs/ray.md says how to run it on a cluster and what fails how.
 """
+import functools
 import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -82,16 +83,19 @@ class RayEnvManager(SupervisedManagerBase):
     ):
         super().__init__(run_options, n_env, settings)
         ray_settings = self.settings.ray
-        self._own_ray: Optional[str] = None  # our temp dir, if we started Ray
+        # What undoes our ray.init at close, if we made one: a connection the process already
+        # had is left as it was.
+        self._leave_ray: Optional[Callable[[], None]] = None
         if not ray.is_initialized():
             if ray_settings.address is None:
                 # As many logical CPUs as the workers ask for: on one machine they share the
                 # cores anyway, as subprocess workers do, and none may wait for a free CPU.
                 cpus = max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker)
-                self._own_ray = ray_local.start(num_cpus=cpus)
+                self._leave_ray = functools.partial(ray_local.stop, ray_local.start(num_cpus=cpus))
                 logger.info("Started a one-node Ray on loopback for the env workers.")
             else:
                 ray.init(address=ray_settings.address, logging_level="WARNING")
+                self._leave_ray = ray.shutdown  # disconnects; the cluster runs on
         self._actor_class = ray.remote(EnvWorkerActor).options(
             num_cpus=ray_settings.num_cpus_per_worker,
             resources=dict(ray_settings.resources),
@@ -172,6 +176,13 @@ class RayEnvManager(SupervisedManagerBase):
     def _close_workers(self) -> None:
         """Close every actor's worker (each runs its own ladder), kill what does not answer,
         within shutdown_timeout_s + kill_grace_s + CLOSE_SLACK_S, then kill every actor."""
+        if not ray.is_initialized():
+            # Ray's own exit handler ran first (interpreter exit): Ray killed the actors the
+            # driver owned, and each actor's worker took its player down (NOTE [ No orphans ]).
+            logger.info("Ray was shut down before the env manager: its actors went with it.")
+            if self._leave_ray is not None:
+                self._leave_ray()
+            return
         at_once = signals.interrupted_twice()  # NOTE [ Trainer signals ]
         try:
             for slot in self._slots:
@@ -179,7 +190,7 @@ class RayEnvManager(SupervisedManagerBase):
                     slot.last_command = EnvironmentCommand.CLOSE
                     self._retire(slot, hung=at_once)
             while self._departures:
-                self._wait(self._time_to_next_deadline())
+                self._wait(max(0.0, self._next_backend_deadline() - time.monotonic()))
                 self._advance_backend()
         except KeyboardInterrupt:
             logger.warning("Interrupted again while closing: killing the env workers' actors now.")
@@ -188,8 +199,8 @@ class RayEnvManager(SupervisedManagerBase):
                     self._kill(worker_id, departure.actor, departure.label, departure.last_command, "was interrupted")
             raise
         finally:
-            if self._own_ray is not None:
-                ray_local.stop(self._own_ray)
+            if self._leave_ray is not None:
+                self._leave_ray()
 
     def _close_outcome(self, worker_id: int) -> str:
         return self._outcomes.get(worker_id, "was not running")

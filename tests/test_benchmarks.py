@@ -10,14 +10,27 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout(600)
-def test_quick_benchmarks_run_and_report(tmp_path):
+def quick_bench(out: Path, *args: str) -> dict:
     result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "benchmarks" / "bench.py"), "--quick", "--out", str(out), *args],
         capture_output=True, text=True, timeout=580,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((tmp_path / "bench.json").read_text())
+    assert "## " in (out / "bench.md").read_text()
+    return json.loads((out / "bench.json").read_text())
+
+
+@pytest.mark.timeout(600)
+def test_quick_benchmarks_run_and_report(tmp_path):
+    report = quick_bench(tmp_path, "--only", "throughput", "unity", "faults", "drift")
     assert {"throughput", "unity", "faults", "drift"} <= set(report)
     assert all(row["results"]["ours"]["env_steps_per_s"] > 0 for row in report["throughput"])
-    assert "## throughput" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+@pytest.mark.timeout(600)
+def test_quick_ray_benchmark_runs_on_the_session_cluster(ray_cluster, tmp_path):
+    report = quick_bench(tmp_path, "--only", "ray", "--ray-address", ray_cluster.address)
+    assert all(row["results"]["ray"]["env_steps_per_s"] > 0 for row in report["ray"])
+    ray_cluster.assert_no_outside_connects()

@@ -53,5 +53,5 @@ def test_invalid_section_stops_the_run_before_anything_starts(tmp_path, section,
     assert result.returncode != 0
     assert "TrainerConfigError" in output and expected in output
     if "Unknown" in expected:
-        assert "Valid settings are: enabled, start_method" in output
+        assert "Valid settings are: enabled, backend, start_method" in output
     assert not (tmp_path / "results").exists()

@@ -117,7 +117,7 @@ class GoalAgent(Agent):
     def on_episode_begin(self) -> None:
         half = self.world.options.track_length // 2
         wanted = self.world.parameter("goal_distance", self.world.options.goal_distance)
-        self.distance = float(np.clip(round(wanted), 1, half))
+        self.distance = _clamp(round(wanted), 1, half)
         self.position = float(half)
         self.goal = self.position + self.distance * self.world.rng.choice([-1.0, 1.0])
 
@@ -138,11 +138,11 @@ class GoalAgent(Agent):
 
     def on_action_received(self, continuous: Sequence[float], discrete: Sequence[int]) -> None:
         if self.continuous:
-            move = float(np.clip(continuous[0], -1.0, 1.0)) if len(continuous) else 0.0
+            move = _clamp(continuous[0], -1.0, 1.0) if len(continuous) else 0.0
         else:
             move = {0: 0.0, 1: -1.0, 2: 1.0}[int(discrete[0]) if len(discrete) else 0]
         last_cell = self.world.options.track_length - 1
-        self.position = float(np.clip(self.position + move, 0.0, last_cell))
+        self.position = _clamp(self.position + move, 0.0, last_cell)
         self.add_reward(-self.world.parameter("step_penalty", self.world.options.step_penalty))
         if abs(self.position - self.goal) < 0.5:
             self.add_reward(1.0)
@@ -217,3 +217,8 @@ def make_scene(name: str, options: SceneOptions) -> Scene:
             raise ValueError(f"--behavior-name renames one behaviour; scene {name!r} has {len(kinds)}")
         kinds = {options.behavior_name: next(iter(kinds.values()))}
     return Scene(options, kinds)
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    """np.clip for one number, without its per-call cost (32 agents call it every step)."""
+    return float(min(max(value, low), high))
