@@ -42,8 +42,9 @@ def main() -> None:
         rows = section.run(args.quick)
         report[name] = rows
         markdown += [f"\n## {name}\n", section.markdown(rows)]
-    (out / "bench.json").write_text(json.dumps(report, indent=1))
-    (out / "bench.md").write_text("\n".join(markdown) + "\n")
+        # written after every section, so that a late failure keeps what was measured
+        (out / "bench.json").write_text(json.dumps(report, indent=1))
+        (out / "bench.md").write_text("\n".join(markdown) + "\n")
     print("\n".join(markdown))
     print(f"\nWritten: {out / 'bench.json'}, {out / 'bench.md'}")
 

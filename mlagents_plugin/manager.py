@@ -17,11 +17,12 @@ from mlagents.trainers.action_info import ActionInfo
 from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
 from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs import logging_util
-from mlagents_envs.base_env import BehaviorName, BehaviorSpec
+from mlagents_envs.base_env import BaseEnv, BehaviorName, BehaviorSpec
 from mlagents_envs.exception import UnityWorkerInUseException
+from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin import compat
+from mlagents_plugin import compat, python_envs
 from mlagents_plugin.errors import RemoteWorkerError, WorkerTimeoutError, exception_from_envelope
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
@@ -36,6 +37,7 @@ from mlagents_plugin.restart import Cause, RestartPolicy
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.stats import HealthStats
 from mlagents_plugin.wire import Decoder
+from mlagents_plugin.worker import WorkerSpec
 
 logger = logging_util.get_logger(__name__)
 
@@ -54,7 +56,7 @@ class WorkerState(enum.Enum):
     CLOSED = "closed"
 
 
-class Slot:
+class Slot(abc.ABC):
     """One worker slot; the worker in it is replaced on restart (a new incarnation).
 
     Backends subclass it to hold how they reach the worker (a process and a pipe, an actor).
@@ -87,8 +89,12 @@ class Slot:
 
 
 class SupervisedManagerBase(EnvManager, abc.ABC):
+    # Whether workers may run on other machines (NOTE [ Shipping env factories ]).
+    WORKERS_ON_OTHER_MACHINES = False
+
     def __init__(
         self,
+        env_factory: Callable[[int, List[SideChannel]], BaseEnv],
         run_options: RunOptions,
         n_env: int,
         settings: Optional[EnvManagerSettings],
@@ -96,6 +102,9 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         super().__init__()
         self.run_options = run_options
         self.settings = (settings or EnvManagerSettings()).resolved(run_options)
+        self._pickled_factory = python_envs.dumps_factory(
+            env_factory, other_machines=self.WORKERS_ON_OTHER_MACHINES
+        )
         self.env_parameters: Optional[Dict] = None
         self._restarts = RestartPolicy(
             run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s
@@ -285,6 +294,22 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         slot.state = WorkerState.STARTING
         slot.deadline = time.monotonic() + self.settings.startup_timeout_s
 
+    def _worker_spec(
+        self, slot: Slot, trainer_pid: int, owner_tag: str, segment_prefix: Optional[str]
+    ) -> WorkerSpec:
+        """What the slot's next worker process starts with; the transport adds its part."""
+        return WorkerSpec(
+            worker_id=slot.worker_id,
+            incarnation=slot.incarnation,
+            env_worker_id=slot.env_worker_id,
+            pickled_env_factory=self._pickled_factory,
+            run_options=self.run_options,
+            log_level=logger.getEffectiveLevel(),
+            trainer_pid=trainer_pid,
+            owner_tag=owner_tag,
+            segment_prefix=segment_prefix,
+        )
+
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.last_command = cmd
         self._deliver(slot, cmd, pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload)))
@@ -303,7 +328,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         slot.decoder.close()
         slot.decoder = Decoder()
         self._take_down(slot, hung)
-        slot.awaiting, slot.deadline = None, None
+        slot.pid, slot.awaiting, slot.deadline = None, None, None
 
     # ------------------------------------------------------------------------- events
 
@@ -486,8 +511,9 @@ def _is_port_in_use(exc: BaseException) -> bool:
 # need to), so multiprocessing's own exit handler *joins* them, without a timeout. A trainer that
 # never called close() would hang there. This handler is registered after multiprocessing's and
 # therefore runs before it: it closes every manager still open, ladder included, so nothing is
-# left for multiprocessing to wait for. (Ray actors outlive a driver that never closes them
-# only until Ray notices the driver is gone; closing them here is faster and says so.)
+# left for multiprocessing to wait for. (Ray registers its own exit handler when it is imported,
+# after this one, so it runs first and its actors go with the driver; a RayEnvManager closed
+# here then only says so: ray_backend.py.)
 _open_managers: Set[SupervisedManagerBase] = set()
 
 

@@ -103,7 +103,13 @@ def _referenced_modules(obj: Any) -> List[ModuleType]:
 def _installed(module: ModuleType) -> bool:
     """Is ``module`` part of the standard library or of an installed distribution?"""
     top = module.__name__.partition(".")[0]
-    return top in sys.stdlib_module_names or top in importlib.metadata.packages_distributions()
+    return top in sys.stdlib_module_names or top in _distributed_packages()
+
+
+@functools.lru_cache(maxsize=1)
+def _distributed_packages() -> Set[str]:
+    """Top-level names of every installed distribution (reading them all takes a while)."""
+    return set(importlib.metadata.packages_distributions())
 
 
 def _importable_by_name(module: ModuleType) -> bool:

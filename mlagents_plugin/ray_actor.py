@@ -21,10 +21,9 @@ from mlagents_plugin.worker import WorkerSpec, start_worker
 
 logger = logging_util.get_logger(__name__)
 
-# How long the actor waits for its worker before it hands back an empty reply; the trainer's
-# own deadline (startup_timeout_s, step_timeout_s) decides what that means.
-RELAY_WAIT_S = 5.0
-# How long the actor waits to reap a worker whose pipe reached EOF, to learn its exit code.
+# The bound of each wait for the worker; the trainer's deadlines bound them all.
+RELAY_WAIT_S = 1.0
+# How long the actor waits to reap a worker whose sentinel fired, to learn its exit code.
 EXIT_WAIT_S = 1.0
 
 
@@ -43,7 +42,7 @@ EXIT_WAIT_S = 1.0
 class ActorReply(NamedTuple):
     """What an actor hands back for a request that has a reply."""
 
-    message: Optional[bytes]  # the worker's reply, packed as on the pipe; None if there is none
+    message: Optional[bytes]  # the worker's reply, packed as on the pipe; None if it exited
     exitcode: Optional[int]  # set when the worker exited without (further) reply
     where: Optional[Tuple[str, str, int]] = None  # node id, node address, actor pid (start)
 
@@ -106,16 +105,24 @@ class EnvWorkerActor:
         return (timers[0] if timers else None), ladder.outcomes.get(spec.worker_id)
 
     def _next_reply(self) -> ActorReply:
-        ready = wait([self.conn, self.process.sentinel], timeout=RELAY_WAIT_S)
-        if self.conn in ready or self.conn.poll():
-            try:
-                return ActorReply(self.conn.recv_bytes(), None)
-            except (EOFError, OSError):
-                pass  # the worker is gone without a word
-        elif not ready:
-            return ActorReply(None, None)
-        self.process.join(EXIT_WAIT_S)
-        return ActorReply(None, self.process.exitcode)
+        """The worker's next message, or its exit code once it exited without one.
+
+        Each wait is bounded; the whole is bounded by the trainer, which kills this actor when
+        its deadline passes (startup_timeout_s, step_timeout_s).
+        """
+        watched = [self.conn, self.process.sentinel]
+        while True:
+            ready = wait(watched, timeout=RELAY_WAIT_S)
+            if self.conn in ready:
+                try:
+                    return ActorReply(self.conn.recv_bytes(), None)
+                except (EOFError, OSError):
+                    watched = [self.process.sentinel]  # gone without a word: wait for its exit
+            elif ready:  # it exited; a last message may still be in the pipe
+                if self.conn in watched and self.conn.poll():
+                    continue
+                self.process.join(EXIT_WAIT_S)
+                return ActorReply(None, self.process.exitcode)
 
     def __repr__(self) -> str:  # Ray shows this in its logs and errors
         return f"EnvWorkerActor(worker {self.spec.worker_id}, incarnation {self.spec.incarnation})"

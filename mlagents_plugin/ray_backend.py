@@ -7,7 +7,6 @@ call whose result is the worker's reply; the trainer blocks in ``ray.wait`` on e
 flight; a lost actor or node is a worker death; a hung worker is killed with ``ray.kill``.
 docs/ray.md says how to run it on a cluster and what fails how.
 """
-import functools
 import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -17,14 +16,13 @@ from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import python_envs, ray_local, signals
+from mlagents_plugin import ray_local, signals
 from mlagents_plugin.errors import WorkerDiedError
 from mlagents_plugin.manager import Slot, SupervisedManagerBase, _name
 from mlagents_plugin.processes import describe_exit
 from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
 from mlagents_plugin.ray_actor import ActorReply, EnvWorkerActor
 from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.worker import WorkerSpec
 
 INSTALL_HINT = (
     "The Ray backend needs Ray: pip install 'mlagents-plugin[ray]' (it pins ray==2.60.0)."
@@ -71,9 +69,13 @@ class _Departure(NamedTuple):
     killed: bool
     label: str
     last_command: Optional[EnvironmentCommand]
+    dropped: List[Any]  # its calls whose replies no longer matter; read at the end, so Ray
+    # does not report their errors as unhandled
 
 
 class RayEnvManager(SupervisedManagerBase):
+    WORKERS_ON_OTHER_MACHINES = True
+
     def __init__(
         self,
         env_factory: Callable[[int, List[SideChannel]], BaseEnv],
@@ -81,21 +83,8 @@ class RayEnvManager(SupervisedManagerBase):
         n_env: int = 1,
         settings: Optional[EnvManagerSettings] = None,
     ):
-        super().__init__(run_options, n_env, settings)
+        super().__init__(env_factory, run_options, n_env, settings)
         ray_settings = self.settings.ray
-        # What undoes our ray.init at close, if we made one: a connection the process already
-        # had is left as it was.
-        self._leave_ray: Optional[Callable[[], None]] = None
-        if not ray.is_initialized():
-            if ray_settings.address is None:
-                # As many logical CPUs as the workers ask for: on one machine they share the
-                # cores anyway, as subprocess workers do, and none may wait for a free CPU.
-                cpus = max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker)
-                self._leave_ray = functools.partial(ray_local.stop, ray_local.start(num_cpus=cpus))
-                logger.info("Started a one-node Ray on loopback for the env workers.")
-            else:
-                ray.init(address=ray_settings.address, logging_level="WARNING")
-                self._leave_ray = ray.shutdown  # disconnects; the cluster runs on
         self._actor_class = ray.remote(EnvWorkerActor).options(
             num_cpus=ray_settings.num_cpus_per_worker,
             resources=dict(ray_settings.resources),
@@ -104,10 +93,17 @@ class RayEnvManager(SupervisedManagerBase):
             max_restarts=0,  # restarts are the manager's, under its policy
             max_task_retries=0,
         )
-        self._pickled_factory = python_envs.dumps_factory(env_factory, other_machines=True)
         self._in_flight: Dict[Any, Tuple[_ActorSlot, int]] = {}  # call -> slot, incarnation
         self._departures: Dict[int, _Departure] = {}
         self._outcomes: Dict[int, str] = {}
+        self._kill_reason = "did not answer"
+        # A local Ray gets what the workers ask for: on one machine they share the cores
+        # anyway, as subprocess workers do, and none may wait for a CPU or a resource.
+        self._leave_ray = ray_local.connect(
+            ray_settings.address,
+            num_cpus=max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker),
+            resources={k: v * n_env for k, v in ray_settings.resources.items()},
+        )  # NOTE [ Sharing Ray in one process ]
         self._start_all()
 
     def _new_slot(self, worker_id: int) -> _ActorSlot:
@@ -116,49 +112,46 @@ class RayEnvManager(SupervisedManagerBase):
     # ------------------------------------------------------------------ worker lifecycle
 
     def _launch(self, slot: _ActorSlot) -> None:
-        spec = WorkerSpec(
-            worker_id=slot.worker_id,
-            incarnation=slot.incarnation,
-            env_worker_id=slot.env_worker_id,
-            pickled_env_factory=self._pickled_factory,
-            run_options=self.run_options,
-            log_level=logger.getEffectiveLevel(),
-            trainer_pid=0,  # each actor fills in its own: NOTE [ Ray actors host a worker process ]
-            owner_tag="",
-            segment_prefix=None,
-        )
+        # The actor fills in its own pid and tags: NOTE [ Ray actors host a worker process ].
+        spec = self._worker_spec(slot, trainer_pid=0, owner_tag="", segment_prefix=None)
         slot.actor = self._actor_class.remote(
             spec, self.settings.shutdown_timeout_s, self.settings.kill_grace_s
         )
-        slot.pid, slot.where = None, None
         self._in_flight[slot.actor.start.remote()] = (slot, slot.incarnation)
 
     def _deliver(self, slot: _ActorSlot, cmd: EnvironmentCommand, data: bytes) -> None:
-        # Ray runs one caller's calls on an actor in the order they were made.
-        if cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
-            self._in_flight[slot.actor.call.remote(data)] = (slot, slot.incarnation)
-        else:
-            slot.actor.tell.remote(data)
+        # Ray runs one caller's calls on an actor in the order they were made. Calls without
+        # a reply are kept in flight too: their failure is read, not left unhandled.
+        method = slot.actor.call if cmd in _WITH_REPLY else slot.actor.tell
+        self._in_flight[method.remote(data)] = (slot, slot.incarnation)
 
     def _take_down(self, slot: _ActorSlot, hung: bool) -> None:
-        """A hung worker's actor is killed at once; any other is asked to close its worker."""
-        actor, slot.actor = slot.actor, None
-        self._in_flight = {r: v for r, v in self._in_flight.items() if v[0] is not slot}
+        """A hung worker's actor is killed at once, as is one that never answered its start;
+        any other is asked to close its worker."""
+        actor, label, placed = slot.actor, slot.label, slot.where is not None
+        slot.actor, slot.where = None, None
+        dropped = [ref for ref, (owner, _) in self._in_flight.items() if owner is slot]
+        for ref in dropped:
+            del self._in_flight[ref]
         last_command = slot.awaiting or slot.last_command
         if hung:
-            self._kill(slot.worker_id, actor, slot.label, last_command, "did not answer")
+            self._kill(slot.worker_id, actor, label, last_command, self._kill_reason, dropped)
+        elif not placed:  # nothing to close gracefully, and a close call would wait for the start
+            self._kill(slot.worker_id, actor, label, last_command, "had not started yet", dropped)
         else:
+            deadline = self.settings.shutdown_timeout_s + self.settings.kill_grace_s + CLOSE_SLACK_S
             self._departures[slot.worker_id] = _Departure(
-                actor,
-                actor.close.remote(),
-                time.monotonic() + self.settings.shutdown_timeout_s + self.settings.kill_grace_s + CLOSE_SLACK_S,
-                False,
-                slot.label,
-                last_command,
+                actor, actor.close.remote(), time.monotonic() + deadline, False, label, last_command, dropped
             )
 
     def _kill(
-        self, worker_id: int, actor: Any, label: str, last_command: Optional[EnvironmentCommand], why: str
+        self,
+        worker_id: int,
+        actor: Any,
+        label: str,
+        last_command: Optional[EnvironmentCommand],
+        why: str,
+        dropped: List[Any],
     ) -> None:
         logger.warning(
             f"Zombie worker report: {label} {why} (last command: {_name(last_command)}); "
@@ -167,7 +160,7 @@ class RayEnvManager(SupervisedManagerBase):
         ray.kill(actor, no_restart=True)
         probe = actor.start.remote()  # fails as soon as the actor is dead
         self._departures[worker_id] = _Departure(
-            actor, probe, time.monotonic() + self.settings.kill_grace_s, True, label, last_command
+            actor, probe, time.monotonic() + self.settings.kill_grace_s, True, label, last_command, dropped + [probe]
         )
 
     def _leaving(self, slot: _ActorSlot) -> bool:
@@ -180,15 +173,15 @@ class RayEnvManager(SupervisedManagerBase):
             # Ray's own exit handler ran first (interpreter exit): Ray killed the actors the
             # driver owned, and each actor's worker took its player down (NOTE [ No orphans ]).
             logger.info("Ray was shut down before the env manager: its actors went with it.")
-            if self._leave_ray is not None:
-                self._leave_ray()
+            self._leave_ray()
             return
-        at_once = signals.interrupted_twice()  # NOTE [ Trainer signals ]
+        if signals.interrupted_twice():  # NOTE [ Trainer signals ]
+            self._kill_reason = "was killed at once on a second interrupt"
         try:
             for slot in self._slots:
                 if slot.live:
                     slot.last_command = EnvironmentCommand.CLOSE
-                    self._retire(slot, hung=at_once)
+                    self._retire(slot, hung=signals.interrupted_twice())
             while self._departures:
                 self._wait(max(0.0, self._next_backend_deadline() - time.monotonic()))
                 self._advance_backend()
@@ -196,11 +189,13 @@ class RayEnvManager(SupervisedManagerBase):
             logger.warning("Interrupted again while closing: killing the env workers' actors now.")
             for worker_id, departure in list(self._departures.items()):
                 if not departure.killed:
-                    self._kill(worker_id, departure.actor, departure.label, departure.last_command, "was interrupted")
+                    self._kill(
+                        worker_id, departure.actor, departure.label, departure.last_command,
+                        "was killed at once on a second interrupt", departure.dropped,
+                    )
             raise
         finally:
-            if self._leave_ray is not None:
-                self._leave_ray()
+            self._leave_ray()
 
     def _close_outcome(self, worker_id: int) -> str:
         return self._outcomes.get(worker_id, "was not running")
@@ -230,18 +225,21 @@ class RayEnvManager(SupervisedManagerBase):
 
     def _receive(self, slot: _ActorSlot, ref: Any) -> None:
         try:
-            reply: ActorReply = ray.get(ref)
-        except RayActorError as e:
+            reply: Optional[ActorReply] = ray.get(ref)
+        except RayError as e:
+            what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
             self._fail(
                 slot,
                 WorkerDiedError(
-                    f"{slot.label}: its Ray actor died (last command: {_name(slot.last_command)}); "
+                    f"{slot.label}: its Ray actor {what} (last command: {_name(slot.last_command)}); "
                     f"the node may have been lost. Ray says: {_first_line(e)}",
                     slot.worker_id,
                     slot.pid,
                 ),
             )
             return
+        if reply is None:
+            return  # a call without a reply went through
         if reply.where is not None:
             slot.where = reply.where
         if reply.message is not None:
@@ -280,10 +278,16 @@ class RayEnvManager(SupervisedManagerBase):
                 else:
                     self._kill(
                         worker_id, departure.actor, departure.label, departure.last_command,
-                        "did not close within shutdown_timeout_s + kill_grace_s",
+                        "did not close within shutdown_timeout_s + kill_grace_s", departure.dropped,
                     )
 
     def _finish(self, worker_id: int, departure: _Departure) -> None:
+        ready = ray.wait(departure.dropped, num_returns=len(departure.dropped), timeout=0)[0] if departure.dropped else []
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayError:
+                pass  # the actor was retired: what it failed with no longer matters
         if departure.killed:
             self._outcomes[worker_id] = "was killed with ray.kill"
             return
@@ -294,6 +298,9 @@ class RayEnvManager(SupervisedManagerBase):
         except RayError as e:
             self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
         ray.kill(departure.actor, no_restart=True)  # its worker is reaped: free its resources
+
+
+_WITH_REPLY = (EnvironmentCommand.STEP, EnvironmentCommand.RESET)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -10,7 +10,9 @@
 # proxies on that dead port, so the metadata probes die at once on loopback; no rewriting of
 # 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, plus an explicit node address); token
 # authentication with a token made for this run; no dashboard. Its temporary directory is short
-# (Ray's socket paths must fit in 107 bytes) and ours, and is removed when Ray stops.
+# (Ray's socket paths must fit in 107 bytes) and ours, and is removed when Ray stops. The
+# trainer gets its own proxy settings back once Ray runs, and the rest of its environment when
+# Ray stops; Ray's processes, env workers included, keep the loopback environment.
 # A cluster given by address is the user's: its settings are left alone (docs/ray.md).
 """
 import os
@@ -18,7 +20,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 LOOPBACK = "127.0.0.1"
 _DEAD_PORT = "http://127.0.0.1:9"  # discard: nothing listens, so a connect is refused at once
@@ -64,29 +66,99 @@ def prepare_environment() -> str:
     return os.path.join(root, "ray")
 
 
-def start(num_cpus: Optional[float] = None) -> str:
-    """Start a one-node Ray on loopback in this process; return its temp dir (for ``stop``)."""
+class LocalRay:
+    """A one-node Ray this process started on loopback; ``stop`` ends it and puts back the
+    process environment as it was before ``start``."""
+
+    def __init__(self, num_cpus: Optional[float] = None, resources: Optional[Dict[str, float]] = None):
+        import ray
+
+        self._saved_environment = dict(os.environ)
+        self.temp_dir = prepare_environment()
+        try:
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _node_ip_address=LOOPBACK,
+                _temp_dir=self.temp_dir,
+                num_cpus=num_cpus,
+                resources=resources or None,
+                logging_level="WARNING",
+            )
+        except BaseException:
+            self.stop()
+            raise
+        # Ray's processes have the loopback environment now; the trainer's own HTTP needs
+        # (if any) get their proxies back. Ray's auth settings stay until ``stop``.
+        for key in _PROXY_KEYS:
+            _restore(key, self._saved_environment)
+
+    def stop(self) -> None:
+        import ray
+
+        ray.shutdown()
+        shutil.rmtree(os.path.dirname(self.temp_dir), ignore_errors=True)
+        for key in set(os.environ) | set(self._saved_environment):
+            _restore(key, self._saved_environment)
+
+
+_PROXY_KEYS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+
+
+def _restore(key: str, saved: Dict[str, str]) -> None:
+    if key in saved:
+        os.environ[key] = saved[key]
+    else:
+        os.environ.pop(key, None)
+
+
+def start(num_cpus: Optional[float] = None, resources: Optional[Dict[str, float]] = None) -> LocalRay:
+    """Start a one-node Ray on loopback in this process."""
+    return LocalRay(num_cpus, resources)
+
+
+def stop(local_ray: LocalRay) -> None:
+    local_ray.stop()
+
+
+# NOTE [ Sharing Ray in one process ]
+# Ray has one connection per process. Managers in one process share the connection a manager
+# made (a local Ray it started, or a cluster it connected to by address), counted, so that only
+# the last one to close ends it: closing one manager never takes another's actors. A connection
+# the process had before any manager (its own ``ray.init``) is left alone.
+_ours: Optional[Callable[[], None]] = None  # ends the connection we made
+_users = 0
+
+
+def connect(address: Optional[str], num_cpus: float, resources: Dict[str, float]) -> Callable[[], None]:
+    """Make sure this process is connected to Ray; return what to call when done with it.
+
+    No address: a one-node Ray on loopback (``LocalRay``) with ``num_cpus`` logical CPUs and
+    ``resources``; an address: that cluster.
+    """
+    global _ours, _users
     import ray
 
-    temp_dir = prepare_environment()
-    try:
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            _node_ip_address=LOOPBACK,
-            _temp_dir=temp_dir,
-            num_cpus=num_cpus,
-            logging_level="WARNING",
-        )
-    except BaseException:
-        stop(temp_dir)
-        raise
-    return temp_dir
+    if _ours is None:
+        if ray.is_initialized():
+            return lambda: None  # the process's own connection
+        if address is None:
+            _ours = LocalRay(num_cpus, resources).stop
+        else:
+            ray.init(address=address, logging_level="WARNING")
+            _ours = ray.shutdown  # disconnects; the cluster runs on
+    _users += 1
+    released = False
 
+    def release() -> None:
+        global _ours, _users
+        nonlocal released
+        if released:
+            return
+        released = True
+        _users -= 1
+        if _users == 0 and _ours is not None:
+            end, _ours = _ours, None
+            end()
 
-def stop(temp_dir: str) -> None:
-    """Stop the Ray this process started, and remove its temporary directory."""
-    import ray
-
-    ray.shutdown()
-    shutil.rmtree(os.path.dirname(temp_dir), ignore_errors=True)
+    return release

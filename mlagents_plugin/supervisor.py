@@ -10,21 +10,21 @@ import os
 import secrets
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import processes, python_envs, signals, wire
+from mlagents_plugin import processes, signals, wire
 from mlagents_plugin.errors import WorkerDiedError
 from mlagents_plugin.manager import Slot, SupervisedManagerBase, _name
 from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
 from mlagents_plugin.readiness import Readiness
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.shutdown import Ladder
-from mlagents_plugin.worker import WorkerSpec, start_worker, worker_main
+from mlagents_plugin.worker import start_worker, worker_main
 
 logger = logging_util.get_logger(__name__)
 
@@ -48,11 +48,10 @@ class SupervisedEnvManager(SupervisedManagerBase):
         n_env: int = 1,
         settings: Optional[EnvManagerSettings] = None,
     ):
-        super().__init__(run_options, n_env, settings)
+        super().__init__(env_factory, run_options, n_env, settings)
         self._context = multiprocessing.get_context(self.settings.start_method)
         if self.settings.start_method == "forkserver":
             self._context.set_forkserver_preload([worker_main.__module__])
-        self._pickled_factory = python_envs.dumps_factory(env_factory)
         token = secrets.token_hex(4)
         self._owner = f"mlagents-plugin/{os.getpid()}-{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token)
@@ -69,17 +68,7 @@ class SupervisedEnvManager(SupervisedManagerBase):
     # ------------------------------------------------------------------ worker lifecycle
 
     def _launch(self, slot: _ProcessSlot) -> None:
-        spec = WorkerSpec(
-            worker_id=slot.worker_id,
-            incarnation=slot.incarnation,
-            env_worker_id=slot.env_worker_id,
-            pickled_env_factory=self._pickled_factory,
-            run_options=self.run_options,
-            log_level=logger.getEffectiveLevel(),
-            trainer_pid=os.getpid(),
-            owner_tag=self._owner_tag(slot),
-            segment_prefix=self._segment_prefix(slot),
-        )
+        spec = self._worker_spec(slot, os.getpid(), self._owner_tag(slot), self._segment_prefix(slot))
         slot.process, slot.conn = start_worker(self._context, spec)
         slot.pid = slot.process.pid
         self._readiness.watch(slot.process.sentinel, (slot, slot.incarnation, _SENTINEL))

@@ -120,6 +120,19 @@ def test_unpicklable_exception_arrives_by_name(ray_manager):
 
 
 @pytest.mark.timeout(120)
+def test_steps_slower_than_the_relays_wait_are_not_hangs(ray_manager):
+    """An actor waits for its worker in bounded slices (ray_actor.RELAY_WAIT_S); a step that
+    takes longer must still come back as a step, not as a hang."""
+    manager = ray_manager(make_factory(SimpleEnvironment, step_sleep_s=1.5), 2, step_timeout_s=30.0)
+    manager.reset()
+    stepped = set()
+    for _ in range(4):
+        stepped |= {step.worker_id for step in manager.get_steps()}
+    assert stepped == {0, 1}
+    assert manager.restart_counts == {}
+
+
+@pytest.mark.timeout(120)
 def test_hung_actor_is_killed_and_restarted(ray_manager, caplog):
     factory = make_factory(HangingEnvironment, after_steps=20, only_worker=1)
     manager = ray_manager(factory, 2, step_timeout_s=2.0, restart_backoff_s=0.0)
