@@ -25,7 +25,7 @@
 """
 import math
 import os
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -158,20 +158,24 @@ class Decoder:
             self.segment = None
 
 
-def remove_segments(prefix: str) -> List[str]:
-    """Unlink every segment whose name starts with ``prefix``; return their names."""
+def remove_segments(prefix: str, ours: bool = True) -> List[str]:
+    """Unlink every segment whose name starts with ``prefix``; return their names.
+
+    ``ours``: they were created by this manager's workers, which share this process's
+    multiprocessing resource tracker (every start method passes it on). The tracker would
+    unlink them again at exit, and warn about a leak, so they are forgotten there too. The file
+    is unlinked directly: attaching first would register it with the tracker once more, and a
+    worker closing at the same moment could leave that registration behind.
+    """
     removed = []
     for name in _segment_names(prefix):
         try:
-            segment = shared_memory.SharedMemory(name=name)
+            os.unlink(os.path.join(_SHM_DIR, name))
         except FileNotFoundError:
-            continue
-        segment.close()
-        try:
-            segment.unlink()
-            removed.append(name)
-        except FileNotFoundError:
-            pass
+            continue  # its worker removed it (and told the tracker) first
+        if ours:
+            resource_tracker.unregister("/" + name, "shared_memory")
+        removed.append(name)
     return removed
 
 
@@ -181,7 +185,7 @@ def sweep() -> List[str]:
     for name in _segment_names(SEGMENT_PREFIX):
         pid = name[len(SEGMENT_PREFIX):].partition("_")[0]
         if pid.isdigit() and not _running(int(pid)):
-            removed += remove_segments(name)
+            removed += remove_segments(name, ours=False)
     return removed
 
 

@@ -132,3 +132,30 @@ def test_segments_of_a_killed_trainer_are_removed(tmp_path):
     finally:
         trainer.kill()
         trainer.wait()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("end", ["close", "kill a worker, then close"])
+def test_the_resource_tracker_has_nothing_to_clean_up_at_exit(tmp_path, end):
+    """Python's resource tracker warns at exit about segments it thinks leaked; it must find none,
+    whether the workers removed their segments or the manager did for a killed worker."""
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal
+        from mlagents.trainers.settings import RunOptions
+        from mlagents_plugin import SupervisedEnvManager
+        from mlagents_plugin.testing import SimpleEnvironment, make_factory
+        if __name__ == "__main__":
+            manager = SupervisedEnvManager(make_factory(SimpleEnvironment, num_agents=32, visual_shape=(3, 84, 84)), RunOptions(), 4)
+            manager.reset()
+            for _ in range(300):
+                manager.get_steps()
+            if {end!r} != "close":
+                os.kill(manager.worker_pids[1], signal.SIGKILL)
+                for _ in range(50):
+                    manager.get_steps()
+            manager.close()
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resource_tracker" not in result.stderr, result.stderr[-3000:]
