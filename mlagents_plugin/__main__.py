@@ -22,6 +22,10 @@ EXPECTED: List[Tuple[str, Optional[Callable[[str], bool]], str]] = [
     ("psutil", None, ""),
     ("mlagents-plugin", None, "install this package: pip install -e ."),
 ]
+# Needed only for some settings: missing is fine, a wrong version is not.
+OPTIONAL: List[Tuple[str, Callable[[str], bool], str]] = [
+    ("ray", lambda v: v == "2.60.0", "env_manager.backend: ray is tested with ray 2.60.0: pip install 'mlagents-plugin[ray]'"),
+]
 
 
 def _at_least(version: str, minimum: Tuple[int, ...]) -> bool:
@@ -48,6 +52,16 @@ def doctor() -> int:
         print(f"  {dist:16} {version}{'' if ok else '   <- wrong version'}")
         if not ok:
             problems.append(f"{dist} {version}: {advice}; {FIX_ALL}")
+    for dist, check, advice in OPTIONAL:
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            print(f"  {dist:16} not installed (optional: {advice})")
+            continue
+        ok = check(version)
+        print(f"  {dist:16} {version}{'' if ok else '   <- wrong version'}")
+        if not ok:
+            problems.append(f"{dist} {version}: {advice}")
     problems += _check_runtime()
     if problems:
         print("\nProblems:")
