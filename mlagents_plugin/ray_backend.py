@@ -175,13 +175,14 @@ class RayEnvManager(SupervisedManagerBase):
             logger.info("Ray was shut down before the env manager: its actors went with it.")
             self._leave_ray()
             return
-        if signals.interrupted_twice():  # NOTE [ Trainer signals ]
+        at_once = signals.interrupted_twice()  # NOTE [ Trainer signals ]
+        if at_once:
             self._kill_reason = "was killed at once on a second interrupt"
         try:
             for slot in self._slots:
                 if slot.live:
                     slot.last_command = EnvironmentCommand.CLOSE
-                    self._retire(slot, hung=signals.interrupted_twice())
+                    self._retire(slot, hung=at_once)
             while self._departures:
                 self._wait(max(0.0, self._next_backend_deadline() - time.monotonic()))
                 self._advance_backend()
