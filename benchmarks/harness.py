@@ -2,9 +2,41 @@
 every stepper sees the same noise; the ratios between them are what holds."""
 import statistics
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List, NamedTuple, Tuple
 
-from steppers import Stepper
+from steppers import Factory, Stepper
+
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+
+class Scenario(NamedTuple):
+    name: str
+    env: Dict  # SimpleEnvironment's keyword arguments
+    workers: Tuple[int, ...]
+
+
+def side_by_side(
+    scenarios: List[Scenario],
+    makers: Callable[[Factory, int], List[Callable[[], Stepper]]],
+    timing: Tuple[int, float, float],
+    describe: Callable[[Dict], str],
+) -> List[Dict]:
+    """For each scenario and worker count: build the steppers ``makers`` gives, ``interleave``
+    them with ``timing`` (slices, slice_s, warmup_s), close them whatever happens."""
+    rows = []
+    for scenario in scenarios:
+        for n_env in scenario.workers:
+            steppers: List[Stepper] = []
+            try:
+                for make in makers(make_factory(SimpleEnvironment, **scenario.env), n_env):
+                    steppers.append(make())
+                results = interleave(steppers, *timing)
+            finally:
+                for stepper in steppers:
+                    stepper.close()
+            rows.append({"scenario": scenario.name, "workers": n_env, "results": results})
+            print(describe(rows[-1]), flush=True)
+    return rows
 
 
 class Totals:

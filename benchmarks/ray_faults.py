@@ -8,16 +8,15 @@ every 0.5 s, as in the tests), so it is not part of ``make bench``'s sections. P
 import argparse
 import logging
 import os
-import shutil
 import signal
 import statistics
 import time
-from pathlib import Path
 from typing import Dict, List, Optional
 
 from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin import ray_local
+from mlagents_plugin.ray_backend import RayEnvManager
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.testing import HangingEnvironment, SimpleEnvironment, make_factory
 
@@ -56,8 +55,6 @@ def _watch(logger: str, text: str) -> _FirstLog:
 
 
 def actor_killed() -> Dict[str, float]:
-    from mlagents_plugin.ray_backend import RayEnvManager
-
     manager = RayEnvManager(make_factory(SimpleEnvironment, step_sleep_s=0.001), RunOptions(), 4, EnvManagerSettings(**SETTINGS))
     restart = _watch("mlagents_plugin.manager", "Restarting env worker")
     try:
@@ -74,8 +71,6 @@ def actor_killed() -> Dict[str, float]:
 
 
 def worker_hung() -> Dict[str, float]:
-    from mlagents_plugin.ray_backend import RayEnvManager
-
     factory = make_factory(HangingEnvironment, after_steps=30, only_worker=1)
     manager = RayEnvManager(factory, RunOptions(), 2, EnvManagerSettings(step_timeout_s=2.0, **SETTINGS))
     zombie = _watch("mlagents_plugin.ray_backend", "Zombie worker report")
@@ -90,8 +85,6 @@ def worker_hung() -> Dict[str, float]:
 
 
 def node_lost(cluster) -> Dict[str, float]:
-    from mlagents_plugin.ray_backend import RayEnvManager
-
     node = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=8)
     manager = RayEnvManager(make_factory(SimpleEnvironment), RunOptions(), 2, EnvManagerSettings(**SETTINGS))
     restart = _watch("mlagents_plugin.manager", "Restarting env worker")
@@ -110,8 +103,6 @@ def node_lost(cluster) -> Dict[str, float]:
 
 
 def close_8() -> Dict[str, float]:
-    from mlagents_plugin.ray_backend import RayEnvManager
-
     started = time.perf_counter()
     manager = RayEnvManager(make_factory(SimpleEnvironment), RunOptions(), 8, EnvManagerSettings(**SETTINGS))
     manager.reset({})
@@ -125,29 +116,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    temp_dir = ray_local.prepare_environment()
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = None
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args=dict(
-            node_ip_address="127.0.0.1", num_cpus=16, include_dashboard=False, dashboard_host="127.0.0.1",
-            temp_dir=temp_dir,
-            _system_config={"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3},
-        ))
-        ray.init(address=cluster.address, _node_ip_address="127.0.0.1", logging_level="WARNING")
+    with ray_local.loopback_cluster(num_cpus=16) as cluster:
         runs = {
             "actor SIGKILLed (1 of 4 workers)": [actor_killed() for _ in range(args.repeats)],
             "worker hung (step_timeout_s=2)": [worker_hung() for _ in range(args.repeats)],
             "node removed (1 of 2 workers on it)": [node_lost(cluster) for _ in range(args.repeats)],
             "8 workers: start-up and close()": [close_8() for _ in range(args.repeats)],
         }
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        shutil.rmtree(Path(temp_dir).parent, ignore_errors=True)
     print("| Fault | Measured (median; all runs) |\n| --- | --- |")
     for what, results in runs.items():
         cells = []

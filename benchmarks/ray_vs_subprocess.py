@@ -3,16 +3,14 @@
 Ray starts once for the section: a loopback one-node Ray (ray_local, NOTE [ Ray on loopback ]),
 or the cluster at ``--ray-address``. Both managers step the same envs in alternating slices.
 """
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
-from harness import interleave
+from harness import Scenario, side_by_side
 from mlagents.trainers.settings import RunOptions
-from steppers import ManagerStepper
-from throughput import Scenario
+from steppers import Factory, ManagerStepper, Stepper
 
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.supervisor import SupervisedEnvManager
-from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 SCENARIOS = [
     Scenario("cheap, 1 agent", dict(num_agents=1), (1, 4)),
@@ -21,43 +19,35 @@ SCENARIOS = [
 ]
 QUICK = [Scenario("cheap, 1 agent", dict(num_agents=1), (2,))]
 ADDRESS: Optional[str] = None  # set by bench.py's --ray-address
+RAY_SETTINGS = EnvManagerSettings(backend="ray", ray={"num_cpus_per_worker": 1})
+
+
+def _makers(factory: Factory, n_env: int) -> List[Callable[[], Stepper]]:
+    from mlagents_plugin.ray_backend import RayEnvManager
+
+    return [
+        lambda: ManagerStepper("subprocess", SupervisedEnvManager(factory, RunOptions(), n_env)),
+        lambda: ManagerStepper("ray", RayEnvManager(factory, RunOptions(), n_env, RAY_SETTINGS)),
+    ]
+
+
+def _line(row: Dict) -> str:
+    r = row["results"]
+    return (f"{row['scenario']}, {row['workers']} worker(s): subprocess {r['subprocess']['env_steps_per_s']:.0f}/s, "
+            f"ray {r['ray']['env_steps_per_s']:.0f}/s")
 
 
 def run(quick: bool) -> List[Dict]:
-    import ray
-
     from mlagents_plugin import ray_local
-    from mlagents_plugin.ray_backend import RayEnvManager
 
-    own = ray_local.start(num_cpus=16) if ADDRESS is None else None
-    if own is None:
-        ray.init(address=ADDRESS, logging_level="WARNING")
-    rows = []
-    slices, slice_s, warmup_s = (1, 0.5, 0.5) if quick else (3, 3.0, 1.0)
-    ray_settings = EnvManagerSettings(backend="ray", ray={"num_cpus_per_worker": 1})
+    # one Ray for the whole section, which every manager shares (NOTE [ Sharing Ray in one process ])
+    leave_ray = ray_local.connect(ADDRESS, num_cpus=16, resources={})
     try:
-        for scenario in QUICK if quick else SCENARIOS:
-            for n_env in scenario.workers:
-                factory = make_factory(SimpleEnvironment, **scenario.env)
-                steppers = [
-                    ManagerStepper("subprocess", SupervisedEnvManager(factory, RunOptions(), n_env)),
-                    ManagerStepper("ray", RayEnvManager(factory, RunOptions(), n_env, ray_settings)),
-                ]
-                try:
-                    results = interleave(steppers, slices, slice_s, warmup_s)
-                finally:
-                    for stepper in steppers:
-                        stepper.close()
-                rows.append({"scenario": scenario.name, "workers": n_env, "results": results})
-                r = results
-                print(f"{scenario.name}, {n_env} worker(s): subprocess {r['subprocess']['env_steps_per_s']:.0f}/s, "
-                      f"ray {r['ray']['env_steps_per_s']:.0f}/s", flush=True)
+        return side_by_side(
+            QUICK if quick else SCENARIOS, _makers, (1, 0.5, 0.5) if quick else (3, 3.0, 1.0), _line
+        )
     finally:
-        if own is not None:
-            ray_local.stop(own)
-        else:
-            ray.shutdown()
-    return rows
+        leave_ray()
 
 
 def markdown(rows: List[Dict]) -> str:

@@ -91,14 +91,14 @@ class RawPipeStepper(Stepper):
             process.join()
 
 
-def make_steppers(names: List[str], factory: Factory, n_env: int) -> List[Stepper]:
+def stepper_makers(names: List[str], factory: Factory, n_env: int) -> List[Callable[[], Stepper]]:
     makers: Dict[str, Callable[[], Stepper]] = {
         "ours": lambda: ManagerStepper("ours", SupervisedEnvManager(factory, RunOptions(), n_env, EnvManagerSettings())),
         "upstream": lambda: ManagerStepper("upstream", SubprocessEnvManager(factory, RunOptions(), n_env)),
         "raw pipe": lambda: RawPipeStepper(factory, n_env),
         "in-process": lambda: InProcessStepper(factory),
     }
-    return [makers[name]() for name in names if name != "in-process" or n_env == 1]
+    return [makers[name] for name in names if name != "in-process" or n_env == 1]
 
 
 class InProcessStepper(Stepper):

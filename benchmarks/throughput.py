@@ -1,19 +1,11 @@
 """Throughput and trainer CPU: ours, upstream, in-process and a raw pipe, side by side."""
-from typing import Dict, List, NamedTuple, Tuple
+import functools
+from typing import Dict, List
 
-from harness import interleave
-from steppers import make_steppers
-
-from mlagents_plugin.testing import SimpleEnvironment, make_factory
+from harness import Scenario, side_by_side
+from steppers import stepper_makers
 
 MANAGERS = ["ours", "upstream", "raw pipe", "in-process"]
-
-
-class Scenario(NamedTuple):
-    name: str
-    env: Dict
-    workers: Tuple[int, ...]
-
 
 SCENARIOS = [
     Scenario("cheap, 1 agent", dict(num_agents=1), (1, 2, 4, 8)),
@@ -30,19 +22,12 @@ QUICK = [
 
 
 def run(quick: bool) -> List[Dict]:
-    rows = []
-    slices, slice_s, warmup_s = (1, 0.3, 0.2) if quick else (3, 2.0, 0.5)
-    for scenario in QUICK if quick else SCENARIOS:
-        for n_env in scenario.workers:
-            steppers = make_steppers(MANAGERS, make_factory(SimpleEnvironment, **scenario.env), n_env)
-            try:
-                results = interleave(steppers, slices, slice_s, warmup_s)
-            finally:
-                for stepper in steppers:
-                    stepper.close()
-            rows.append({"scenario": scenario.name, "workers": n_env, "results": results})
-            print(_line(rows[-1]), flush=True)
-    return rows
+    return side_by_side(
+        QUICK if quick else SCENARIOS,
+        functools.partial(stepper_makers, MANAGERS),
+        (1, 0.3, 0.2) if quick else (3, 2.0, 0.5),
+        _line,
+    )
 
 
 def _line(row: Dict) -> str:

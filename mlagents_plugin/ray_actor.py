@@ -100,8 +100,10 @@ class EnvWorkerActor:
             EnvironmentCommand.CLOSE,
             on_closed=timers.append,
         )
-        ladder.run()
-        readiness.close()
+        try:
+            ladder.run()
+        finally:
+            readiness.close()
         return (timers[0] if timers else None), ladder.outcomes.get(spec.worker_id)
 
     def _next_reply(self) -> ActorReply:

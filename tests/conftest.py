@@ -2,7 +2,6 @@
 Ray tests share one loopback Ray cluster, watched by netguard where it exists."""
 import importlib.util
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Iterator, List
@@ -104,47 +103,26 @@ class RayTestCluster:
         return self.cluster.add_node(node_ip_address="127.0.0.1", **kwargs)
 
     def assert_no_outside_connects(self) -> None:
-        if self.netguard_log.exists():
-            blocked = self.netguard_log.read_text()
-            assert not blocked, f"netguard blocked non-loopback connects:\n{blocked[:3000]}"
+        _assert_empty(self.netguard_log)
+
+
+def _assert_empty(netguard_log: Path) -> None:
+    if netguard_log.exists():
+        blocked = netguard_log.read_text()
+        assert not blocked, f"netguard blocked non-loopback connects:\n{blocked[:3000]}"
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayTestCluster]:
+def ray_cluster(tmp_path_factory) -> Iterator[RayTestCluster]:
     """Started once per test session (tests that use it share one xdist worker: xdist_group)."""
     from mlagents_plugin import ray_local
 
-    temp_dir = ray_local.prepare_environment()
-    root = Path(temp_dir).parent
-    netguard_log = root / "netguard.log"
+    netguard_log = tmp_path_factory.mktemp("netguard") / "netguard.log"
     if (NETGUARD_DIR / "sitecustomize.py").exists():
         os.environ["NETGUARD_LOG"] = str(netguard_log)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.environ.get("PYTHONPATH")]))
         spec = importlib.util.spec_from_file_location("netguard_sitecustomize", NETGUARD_DIR / "sitecustomize.py")
         spec.loader.exec_module(importlib.util.module_from_spec(spec))  # guard this process too
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = None
-    try:
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args=dict(
-                node_ip_address="127.0.0.1",
-                num_cpus=8,
-                include_dashboard=False,
-                dashboard_host="127.0.0.1",
-                temp_dir=temp_dir,
-                # notice a lost node in about 2 s rather than 15
-                _system_config={"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 3},
-            ),
-        )
-        ray.init(address=cluster.address, _node_ip_address="127.0.0.1", logging_level="WARNING")
-        test_cluster = RayTestCluster(cluster, netguard_log)
-        yield test_cluster
-        test_cluster.assert_no_outside_connects()
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
+    with ray_local.loopback_cluster(num_cpus=8) as cluster:
+        yield RayTestCluster(cluster, netguard_log)
+    _assert_empty(netguard_log)  # Ray's processes have all stopped: nothing more can be logged
