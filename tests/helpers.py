@@ -1,12 +1,15 @@
 """Helpers for tests that run the real mlagents-learn CLI, players and ports."""
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,3 +60,38 @@ def scalars(run_dir: Path, behavior: str) -> Dict[str, List[float]]:
     accumulator = EventAccumulator(str(run_dir / behavior), size_guidance={"scalars": 0})
     accumulator.Reload()
     return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def start_learn(tmp_path: Path, command) -> subprocess.Popen:
+    return subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, like a job in a terminal
+    )
+
+
+def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    for line in trainer.stdout:
+        output.append(line)
+        if text in line:
+            return
+        if time.monotonic() > deadline:
+            break
+    pytest.fail(f"never saw {text!r}:\n{''.join(output[-40:])}")
+
+
+def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
+    """Wait (bounded) for the trainer to exit; return how long it took."""
+    started = time.monotonic()
+    try:
+        rest, _ = trainer.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.communicate()
+        pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output[-40:])}")
+    output.append(rest)
+    return time.monotonic() - started

@@ -7,7 +7,7 @@ import time
 import onnx
 import psutil
 import pytest
-from helpers import free_port_block, learn_command, run_learn, scalars, write_config
+from helpers import finish, free_port_block, learn_command, run_learn, scalars, start_learn, wait_for_line, write_config
 
 from mlagents_plugin.player.build import make_build
 
@@ -100,14 +100,26 @@ def test_a_crashed_build_is_restarted_and_training_finishes(tmp_path, builds):
 
 @pytest.mark.timeout(400)
 def test_a_hung_build_is_restarted(tmp_path, builds):
-    # The hang is noticed after --timeout-wait; the other builds must still be training then.
-    result = train(
-        tmp_path, builds, goal_config(tmp_path, max_steps=8000, env_manager={"shutdown_timeout_s": 2, "restart_backoff_s": 0}),
+    """The hang is noticed after --timeout-wait while the other builds train on; the run goes on
+    until the restarted build has stepped and a summary has recorded the restart."""
+    config = goal_config(tmp_path, max_steps=10**7, env_manager={"shutdown_timeout_s": 2, "restart_backoff_s": 0})
+    trainer = start_learn(tmp_path, learn_command(
+        config, f"--env={builds / 'goal'}", "--num-envs=4", f"--base-port={free_port_block(12)}",
+        "--timeout-wait=10", "--env-args", "--num-agents", "4",
         "--hang-after-steps", "20", "--fault-once", str(tmp_path / "hung"),
-        learn_args=("--timeout-wait=10",),
-    )
+    ))
+    output: list = []
+    try:
+        wait_for_line(trainer, "Restarting env worker", output, timeout_s=240)
+        wait_for_line(trainer, "Step: ", output)  # a summary after the restart: it is recorded
+        os.killpg(trainer.pid, signal.SIGINT)
+        finish(trainer, output, timeout_s=60)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
     assert (tmp_path / "hung").exists()
-    assert "UnityTimeOutException" in result.stdout
+    assert "UnityTimeOutException" in "".join(output)
     assert restarts(tmp_path, "unity") == 1
 
 

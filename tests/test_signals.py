@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import learn_command, write_config
+from helpers import finish, learn_command, start_learn, wait_for_line, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -26,28 +26,6 @@ def start_training(tmp_path: Path, env_kwargs: dict, **env_manager) -> subproces
     return start_learn(tmp_path, learn_command(config, "--num-envs=2"))
 
 
-def start_learn(tmp_path: Path, command) -> subprocess.Popen:
-    return subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, like a job in a terminal
-    )
-
-
-def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    for line in trainer.stdout:
-        output.append(line)
-        if text in line:
-            return
-        if time.monotonic() > deadline:
-            break
-    pytest.fail(f"never saw {text!r}:\n{''.join(output[-40:])}")
-
-
 def group_members(pgid: int, settle_s: float = 3.0):
     """Processes left in the trainer's process group, once those already exiting are gone
     (multiprocessing's fork server, for one, leaves when it sees the trainer has)."""
@@ -63,19 +41,6 @@ def group_members(pgid: int, settle_s: float = 3.0):
         if not members or time.monotonic() > deadline:
             return members
         time.sleep(0.05)
-
-
-def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
-    """Wait (bounded) for the trainer to exit; return how long it took."""
-    started = time.monotonic()
-    try:
-        rest, _ = trainer.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(trainer.pid, signal.SIGKILL)
-        trainer.communicate()
-        pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output[-40:])}")
-    output.append(rest)
-    return time.monotonic() - started
 
 
 def assert_nothing_left(trainer: subprocess.Popen, player_dir: Path) -> None:
