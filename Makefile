@@ -12,13 +12,19 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 install: $(STAMP)
 
-# See docs/install.md for why ML-Agents is installed in three steps.
+# See docs/install.md for why ML-Agents is installed this way. pip shows what it installs.
 $(STAMP): setup.py $(OVERRIDES)
+	@echo "==> [1/6] virtual environment $(VENV)"
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade "pip>=23"
-	$(BIN)/pip install --quiet -r $(OVERRIDES)
-	$(BIN)/pip install --quiet --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
-	$(BIN)/pip install --quiet -c $(OVERRIDES) -e ".[dev,ray]"
+	@echo "==> [2/6] pip"
+	$(BIN)/pip install --upgrade "pip>=23"
+	@echo "==> [3/6] what ML-Agents 1.1.0 needs on Python 3.11 (torch 2.13.0 CPU first: a few minutes)"
+	$(BIN)/pip install -r $(OVERRIDES)
+	@echo "==> [4/6] mlagents and mlagents-envs 1.1.0, without their unsatisfiable pins"
+	$(BIN)/pip install --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
+	@echo "==> [5/6] mlagents-plugin with its dev and ray extras"
+	$(BIN)/pip install -c $(OVERRIDES) -e ".[dev,ray]"
+	@echo "==> [6/6] fast protobuf for mlagents-envs, then the doctor's check"
 	$(BIN)/python -m mlagents_plugin.fast_protobuf --install-pth
 	$(BIN)/python -m mlagents_plugin doctor
 	touch $(STAMP)

@@ -10,7 +10,13 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mlagents_plugin", "mlagents_plugin.*"]),
-    python_requires=">=3.10",
+    # 3.11: exception notes (PEP 678); Linux: pidfds, /proc and /dev/shm (docs/install.md)
+    python_requires=">=3.11",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Operating System :: POSIX :: Linux",
+    ],
     # mlagents and mlagents-envs 1.1.0 are deliberately not listed: their metadata cannot be
     # satisfied on Python 3.11 (see docs/install.md and requirements/mlagents-py311.txt).
     install_requires=[

@@ -24,7 +24,7 @@ EXPECTED: List[Tuple[str, Optional[Callable[[str], bool]], str]] = [
 ]
 # Needed only for some settings: missing is fine, a wrong version is not.
 OPTIONAL: List[Tuple[str, Callable[[str], bool], str]] = [
-    ("ray", lambda v: v == "2.60.0", "env_manager.backend: ray is tested with ray 2.60.0: pip install 'mlagents-plugin[ray]'"),
+    ("ray", lambda v: v == "2.60.0", "env_manager.backend: ray is tested with ray 2.60.0: pip install ray==2.60.0"),
 ]
 
 

@@ -7,9 +7,11 @@ ML-Agents does not promise to keep; ``check()`` verifies each of them, and
 than subtly elsewhere.
 """
 import itertools
+import os
 from typing import Any, Callable, Dict, List
 
 import cattr
+import yaml
 from mlagents.trainers import learn, settings as mla_settings
 from mlagents.trainers.agent_processor import AgentManager
 from mlagents.trainers.behavior_id_utils import get_global_agent_id
@@ -49,6 +51,28 @@ def install_yaml_section_hook(on_config: Callable[[Dict[str, Any]], None]) -> No
 def install_env_manager(factory: Callable[..., Any]) -> None:
     """Make ``run_training`` build its env manager with ``factory(env_factory, options, n_env)``."""
     learn.SubprocessEnvManager = factory
+
+
+def install_run_options_writer(extra_sections: Callable[[], Dict[str, Any]]) -> None:
+    """Add ``extra_sections()`` to the ``configuration.yaml`` ML-Agents writes into the results
+    folder, so that ``mlagents-learn results/<run-id>/configuration.yaml`` runs the same again.
+
+    ``run_training`` writes it through the module-level name ``write_run_options`` in
+    ``mlagents.trainers.learn``.
+    """
+    original = learn.write_run_options
+    if getattr(original, _MARK, False):
+        return
+
+    def write_run_options(output_dir: str, run_options: Any) -> None:
+        original(output_dir, run_options)
+        path = os.path.join(output_dir, "configuration.yaml")
+        if os.path.isfile(path):  # ML-Agents only warns when it cannot write it
+            with open(path, "a") as f:
+                yaml.safe_dump(extra_sections(), f, sort_keys=False)
+
+    setattr(write_run_options, _MARK, True)
+    learn.write_run_options = write_run_options
 
 
 def allow_many_envs_without_build(allowed: Callable[[EnvironmentSettings], bool]) -> None:
@@ -131,6 +155,7 @@ def check() -> List[str]:
     expected = {
         "mlagents.trainers.settings.load_config": hasattr(mla_settings, "load_config"),
         "mlagents.trainers.learn.SubprocessEnvManager": hasattr(learn, "SubprocessEnvManager"),
+        "mlagents.trainers.learn.write_run_options": hasattr(learn, "write_run_options"),
         "ModelSerializer.export_policy_model": hasattr(
             model_serialization.ModelSerializer, "export_policy_model"
         ),

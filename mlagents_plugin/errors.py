@@ -7,7 +7,7 @@ ML-Agents' TrainerController a lost worker is a lost environment, so it saves th
 import pickle
 from typing import Optional
 
-from mlagents_envs.exception import UnityCommunicationException
+from mlagents_envs.exception import UnityCommunicationException, UnityEnvironmentException
 
 from mlagents_plugin.protocol import ExceptionEnvelope
 
@@ -43,6 +43,10 @@ class WorkerDiedError(EnvWorkerError):
 
 class WorkerTimeoutError(EnvWorkerError):
     """A worker did not answer within its deadline."""
+
+
+class BuildNotFoundError(UnityEnvironmentException):
+    """``--env`` names no Unity build. Not restarted: starting again cannot make one appear."""
 
 
 class RemoteWorkerError(Exception):

@@ -22,12 +22,13 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin import compat, python_envs
+from mlagents_plugin import compat, python_envs, worker_inputs
 from mlagents_plugin.errors import RemoteWorkerError, WorkerTimeoutError, exception_from_envelope
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,
     EnvironmentResponse,
+    ParameterCall,
     StepPayload,
     WorkerHello,
     pack,
@@ -100,12 +101,20 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         settings: Optional[EnvManagerSettings],
     ):
         super().__init__()
+        if not callable(env_factory):
+            raise TypeError(
+                f"env_factory must be callable as (worker_id, side_channels) -> BaseEnv, "
+                f"not {env_factory!r}"
+            )
         self.run_options = run_options
         self.settings = (settings or EnvManagerSettings()).resolved(run_options)
         self._pickled_factory = python_envs.dumps_factory(
             env_factory, other_machines=self.WORKERS_ON_OTHER_MACHINES
         )
         self.env_parameters: Optional[Dict] = None
+        self._parameter_calls: List[ParameterCall] = []  # env_parameters, as a worker applies them
+        self._engine_config = worker_inputs.engine_config(run_options.engine_settings)
+        self._analytics = worker_inputs.Analytics(run_options)
         self._restarts = RestartPolicy(
             run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s
         )
@@ -186,26 +195,29 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         for slot in self._slots:
             if slot.live and slot.awaiting is None:
                 self._request(slot, EnvironmentCommand.RESET)
-        # A worker that fails now is restarted and reset on its own; its reset step then
-        # arrives through _step, like any other.
-        self._pump_until(
-            lambda: all(s.awaiting is not EnvironmentCommand.RESET or not s.live for s in self._slots)
-        )
+        # One step per worker, as upstream. A worker that fails now is restarted (and reset) if
+        # the policy allows, and its new incarnation's reset step is the one returned; if it is
+        # not restarted, its error is raised from here.
+        def every_worker_reset() -> bool:
+            reset = {step.worker_id for step in self._completed}
+            return all(s.worker_id in reset or s.state is WorkerState.FAILED for s in self._slots)
+
+        self._pump_until(every_worker_reset)
         steps, self._completed = self._completed, []
         return steps
 
     def set_env_parameters(self, config: Optional[Dict] = None) -> None:
         self.env_parameters = config
+        self._parameter_calls = worker_inputs.parameter_calls(config)
         for slot in self._slots:
             if slot.live:
-                self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, config)
+                self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
 
     def on_training_started(self, behavior_name: str, trainer_settings: TrainerSettings) -> None:
-        for slot in self._slots:
-            if slot.live:
-                self._send(
-                    slot, EnvironmentCommand.TRAINING_STARTED, (behavior_name, trainer_settings)
-                )
+        message = self._analytics.training_started(behavior_name, trainer_settings)
+        slot = self._slots[0]  # as upstream: only worker 0 has the analytics channel
+        if slot.live:
+            self._send(slot, EnvironmentCommand.TRAINING_STARTED, message)
 
     @property
     def training_behaviors(self) -> Dict[BehaviorName, BehaviorSpec]:
@@ -303,7 +315,9 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             incarnation=slot.incarnation,
             env_worker_id=slot.env_worker_id,
             pickled_env_factory=self._pickled_factory,
-            run_options=self.run_options,
+            env_path=self.run_options.env_settings.env_path,
+            engine_config=self._engine_config,
+            analytics=self._analytics.environment_initialized if slot.worker_id == 0 else None,
             log_level=logger.getEffectiveLevel(),
             trainer_pid=trainer_pid,
             owner_tag=owner_tag,
@@ -482,8 +496,8 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
                 and not self._leaving(slot)  # one incarnation alive at a time
             ):
                 self._start(slot)
-                if self.env_parameters is not None:
-                    self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self.env_parameters)
+                if self._parameter_calls:
+                    self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
                 self._request(slot, EnvironmentCommand.RESET)
 
     @staticmethod

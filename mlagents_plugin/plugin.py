@@ -21,7 +21,7 @@ from mlagents_plugin.settings import (
     parse_section,
     write_effective_settings,
 )
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)
 
@@ -34,6 +34,7 @@ def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
     compat.install_yaml_section_hook(_take_section)
     compat.allow_many_envs_without_build(lambda env_settings: _settings.env is not None)
     compat.install_env_manager(make_env_manager)
+    compat.install_run_options_writer(lambda: {SECTION: _settings.as_dict()})
     compat.use_legacy_onnx_exporter()
     return {}, {}
 
@@ -41,6 +42,12 @@ def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
 def _take_section(config: Dict[str, Any]) -> None:
     global _settings
     _settings = parse_section(config.pop(SECTION, None))
+    if _settings.env is not None:
+        python_envs.resolve(_settings.env)  # fails here, before ML-Agents makes the run folder
+    if _settings.enabled and _settings.backend == "subprocess" and _settings.start_method == "forkserver":
+        # What the env factory will need: the Python env's module, or UnityEnvironment.
+        env_module = _settings.env.partition(":")[0] if _settings.env else "mlagents_envs.environment"
+        start_fork_server([env_module])  # NOTE [ Worker start-up ]
 
 
 def make_env_manager(

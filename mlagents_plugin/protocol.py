@@ -50,6 +50,18 @@ class EnvironmentResponse(NamedTuple):
     payload: Any = None
 
 
+# ENVIRONMENT_PARAMETERS carries calls to make on the worker's EnvironmentParametersChannel,
+# recorded in the trainer from ML-Agents' ParameterRandomizationSettings (which a worker does
+# not import: they live beside the trainer settings). Only these methods may be called.
+PARAMETER_METHODS = (
+    "set_float_parameter",
+    "set_uniform_sampler_parameters",
+    "set_gaussian_sampler_parameters",
+    "set_multirangeuniform_sampler_parameters",
+)
+ParameterCall = Tuple[str, Tuple[Any, ...]]
+
+
 class WorkerHello(NamedTuple):
     """Sent once with READY, after the env factory returned."""
 

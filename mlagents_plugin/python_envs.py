@@ -5,9 +5,11 @@ The factory is called like ML-Agents' own env factories,
 trainer, and shipped to the workers with cloudpickle (see NOTE [ Shipping env factories ]).
 """
 import functools
-import importlib.metadata
 import importlib
+import importlib.metadata
+import io
 import os
+import pickle
 import sys
 from importlib.machinery import ModuleSpec
 from types import ModuleType
@@ -70,6 +72,21 @@ def dumps_factory(factory: Callable[..., Any], other_machines: bool = False) -> 
     finally:
         for module in by_value:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def modules_to_load(pickled_factory: bytes) -> List[str]:
+    """The modules a worker imports to unpickle ``pickled_factory``, as a fork server can
+    preload them (NOTE [ Worker start-up ] in worker.py). Loads the factory once, here, where
+    every such module is imported already."""
+    found: Set[str] = set()
+
+    class _Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            found.add(module)
+            return super().find_class(module, name)
+
+    _Recorder(io.BytesIO(pickled_factory)).load()
+    return sorted(name for name in found if name != "__main__" and name in sys.modules)
 
 
 def _referenced_modules(obj: Any) -> List[ModuleType]:

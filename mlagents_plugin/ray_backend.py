@@ -25,7 +25,8 @@ from mlagents_plugin.ray_actor import ActorReply, EnvWorkerActor
 from mlagents_plugin.settings import EnvManagerSettings
 
 INSTALL_HINT = (
-    "The Ray backend needs Ray: pip install 'mlagents-plugin[ray]' (it pins ray==2.60.0)."
+    "The Ray backend needs Ray 2.60.0: pip install ray==2.60.0 (from a checkout of "
+    "mlagents-plugin: pip install -e '.[ray]')."
 )
 try:
     import ray

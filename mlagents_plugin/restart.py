@@ -3,9 +3,10 @@
 Restartable: ML-Agents' four Unity exceptions (as upstream), a worker that died or hung, and the
 exception types listed in ``env_manager.restart_on``. Quotas are ML-Agents' own ``env_settings``
 (``--max-lifetime-restarts``, ``--restarts-rate-limit-n``, ``--restarts-rate-limit-period-s``),
-counted per worker with upstream's meaning: -1 switches a limit off. Each further restart of a
-worker within the rate-limit period waits twice as long as the one before it (backoff), so a
-build that crashes at start does not spin.
+counted per worker with upstream's meaning: -1 switches a limit off. A worker's first restart
+within the rate-limit period is immediate, as upstream's; each further one waits twice as long
+as the one before it (backoff from ``restart_backoff_s``), so a build that crashes at start does
+not spin. A missing build is never restarted.
 """
 import datetime
 import enum
@@ -21,7 +22,12 @@ from mlagents_envs.exception import (
     UnityTimeOutException,
 )
 
-from mlagents_plugin.errors import RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
+from mlagents_plugin.errors import (
+    BuildNotFoundError,
+    RemoteWorkerError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
 from mlagents_plugin.protocol import qualified_name
 
 # The exceptions upstream's SubprocessEnvManager restarts a worker after.
@@ -31,6 +37,8 @@ UNITY_RESTARTABLE = (
     UnityEnvironmentException,
     UnityCommunicatorStoppedException,
 )
+# Failures that starting the worker again cannot heal: never restarted.
+PERMANENT = (BuildNotFoundError,)
 MAX_BACKOFF_S = 30.0
 
 
@@ -45,6 +53,8 @@ class Cause(enum.Enum):
 
 
 def cause_of(exc: BaseException, restart_on: Sequence[str] = ()) -> Cause:
+    if isinstance(exc, PERMANENT):
+        return Cause.OTHER
     if isinstance(exc, WorkerDiedError):
         return Cause.DIED
     if isinstance(exc, WorkerTimeoutError):
@@ -92,7 +102,8 @@ class RestartPolicy:
 
     def record(self, worker_id: int, cause: Cause, exc: BaseException) -> float:
         """Count a restart of ``worker_id``; return how long to wait before starting it."""
-        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** self._recent(worker_id))
+        recent = self._recent(worker_id)
+        delay = 0.0 if recent == 0 else min(MAX_BACKOFF_S, self.backoff_s * 2 ** (recent - 1))
         self.history[worker_id].append(
             RestartRecord(
                 time.monotonic(), datetime.datetime.now(), cause, f"{type(exc).__name__}: {exc}"

@@ -31,7 +31,8 @@ class WorkerHealth:
 
     @property
     def mean_latency_ms(self) -> float:
-        return 1000 * self.latency_total_s / self.steps if self.steps else float("nan")
+        """Only meaningful once the worker has stepped."""
+        return 1000 * self.latency_total_s / max(self.steps, 1)
 
 
 class HealthStats:
@@ -82,10 +83,10 @@ class HealthStats:
     def summary(self, worker_id: int) -> str:
         health = self.workers[worker_id]
         restarts = ", ".join(f"{c.value} {n}" for c, n in sorted(health.restarts.items(), key=_by_value))
-        text = (
-            f"{health.steps} steps, mean step latency {health.mean_latency_ms:.2f} ms, "
-            f"restarts: {restarts or 'none'}"
-        )
+        text = f"{health.steps} steps"
+        if health.steps:
+            text += f", mean step latency {health.mean_latency_ms:.2f} ms"
+        text += f", restarts: {restarts or 'none'}"
         if health.port_moves:
             text += f", moved to another port {health.port_moves} time(s)"
         return text

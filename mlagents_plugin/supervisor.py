@@ -6,6 +6,7 @@ recovered is, and the workers are always reaped. docs/architecture.md has the pi
 docs/faults.md what happens on each fault.
 """
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import secrets
 from multiprocessing.connection import Connection
@@ -17,16 +18,24 @@ from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import processes, signals, wire
+from mlagents_plugin import processes, python_envs, signals, wire
 from mlagents_plugin.errors import WorkerDiedError
 from mlagents_plugin.manager import Slot, SupervisedManagerBase, _name
 from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
 from mlagents_plugin.readiness import Readiness
 from mlagents_plugin.settings import EnvManagerSettings
 from mlagents_plugin.shutdown import Ladder
-from mlagents_plugin.worker import start_worker, worker_main
+from mlagents_plugin.worker import start_worker, worker_preload
 
 logger = logging_util.get_logger(__name__)
+
+
+def start_fork_server(factory_modules: List[str]) -> None:
+    """Start the fork server now, preloading ``factory_modules`` besides what every worker
+    imports, so that it loads them while the trainer is still setting up (NOTE [ Worker
+    start-up ]). Returns at once; a server that runs already is kept."""
+    multiprocessing.forkserver.set_forkserver_preload(worker_preload() + factory_modules)
+    multiprocessing.forkserver.ensure_running()
 
 
 class _ProcessSlot(Slot):
@@ -50,8 +59,10 @@ class SupervisedEnvManager(SupervisedManagerBase):
     ):
         super().__init__(env_factory, run_options, n_env, settings)
         self._context = multiprocessing.get_context(self.settings.start_method)
-        if self.settings.start_method == "forkserver":
-            self._context.set_forkserver_preload([worker_main.__module__])
+        if self.settings.start_method == "forkserver":  # NOTE [ Worker start-up ]
+            self._context.set_forkserver_preload(
+                worker_preload() + python_envs.modules_to_load(self._pickled_factory)
+            )
         token = secrets.token_hex(4)
         self._owner = f"mlagents-plugin/{os.getpid()}-{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token)

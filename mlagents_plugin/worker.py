@@ -1,8 +1,8 @@
 """The env worker process: build the env, serve the trainer's requests, report what goes wrong.
 
-It imports neither torch nor the supervisor: a worker starts in well under a second.
-(Worker 0 imports torch if its env asks for ML-Agents' training analytics: see
-``_LazyAnalyticsChannel``.)
+It imports mlagents-envs and the worker side of this package, never ML-Agents' trainers, torch
+or the supervisor (NOTE [ Workers get no trainer settings ] in worker_inputs.py): a worker
+starts in tens of milliseconds.
 """
 import contextlib
 import os
@@ -16,9 +16,10 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import cloudpickle
-from mlagents.trainers.settings import ParameterRandomizationSettings, RunOptions
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.env_utils import validate_environment_path
+from mlagents_envs.exception import UnityEnvironmentException
 from mlagents_envs.side_channel.default_training_analytics_side_channel import (
     DefaultTrainingAnalyticsSideChannel,
 )
@@ -34,8 +35,10 @@ from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
 from mlagents_plugin import processes, wire
+from mlagents_plugin.errors import BuildNotFoundError
 from mlagents_plugin.player_watch import PlayerWatch
 from mlagents_plugin.protocol import (
+    PARAMETER_METHODS,
     EnvironmentCommand,
     EnvironmentResponse,
     StepPayload,
@@ -57,7 +60,11 @@ class WorkerSpec(NamedTuple):
     incarnation: int  # how many times this slot was started before
     env_worker_id: int  # passed to the env factory; a Unity build's port is base_port + this
     pickled_env_factory: bytes
-    run_options: RunOptions
+    env_path: Optional[str]  # the Unity build the factory launches (--env), if any
+    engine_config: EngineConfig
+    # ML-Agents' "environment initialized" analytics message, for worker 0 only: sent if the
+    # env asks for training analytics, as upstream's worker 0 does
+    analytics: Optional[bytes]
     log_level: int
     trainer_pid: int
     owner_tag: str  # see NOTE [ No orphans ]
@@ -104,6 +111,12 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     _Worker(conn, spec).run()
 
 
+def worker_preload() -> List[str]:
+    """What a fork server imports once for all workers (NOTE [ Worker start-up ]); the env
+    factory's modules come on top (for a Unity build: mlagents-envs' UnityEnvironment)."""
+    return [__name__]
+
+
 def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, Connection]:
     """Start a worker process; return it and the trainer's end of its duplex pipe."""
     parent_conn, child_conn = context.Pipe(duplex=True)
@@ -119,15 +132,23 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, C
 
 
 # NOTE [ Worker start-up ]
-# Under spawn and forkserver, multiprocessing makes every new process import the parent's main
-# module again (as __mp_main__), so that functions defined there can be unpickled. The trainer's
-# main module is ``mlagents-learn`` (or a user's script), which imports ML-Agents' trainers and
-# torch: seconds of CPU per worker, and 10 s to start 8 workers on 2 cores. (In a Ray actor it
-# is Ray's worker script, which must not run twice at all.) A worker needs none of it: its entry
-# point lives here, and env factories are cloudpickled, which ships anything defined in __main__
-# by value. So while a worker is being started, sys.modules["__main__"] is swapped for an empty
-# module, and multiprocessing finds no main module to re-import. (The swap lasts for the
-# ``start()`` call; the main module is untouched.)
+# A worker should cost what its env costs, no more: upstream's workers are forks of the trainer
+# and start in milliseconds. Three things keep ours there.
+# 1. No main module. Under spawn and forkserver, multiprocessing makes every new process import
+#    the parent's main module again (as __mp_main__), so that functions defined there can be
+#    unpickled. The trainer's main module is ``mlagents-learn`` (or a user's script), which
+#    imports ML-Agents' trainers and torch: seconds of CPU per worker. (In a Ray actor it is
+#    Ray's worker script, which must not run twice at all.) A worker needs none of it: its entry
+#    point lives here, and env factories are cloudpickled, which ships anything defined in
+#    __main__ by value. So while a worker is being started, sys.modules["__main__"] is swapped
+#    for an empty module, and multiprocessing finds no main module to re-import. (The swap lasts
+#    for the ``start()`` call; the main module is untouched.)
+# 2. No trainer settings (NOTE [ Workers get no trainer settings ] in worker_inputs.py).
+# 3. Imports paid once. The fork server imports what every worker needs (``worker_preload``)
+#    and the modules the env factory is unpickled from (python_envs.modules_to_load: for a Unity
+#    build, mlagents-envs' UnityEnvironment with gRPC and protobuf), so each worker is a fork
+#    with all of it loaded, sharing those pages with its siblings. Under mlagents-learn the
+#    plugin starts the fork server as soon as it has read the YAML (plugin.py).
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
     main = sys.modules["__main__"]
@@ -138,33 +159,12 @@ def _main_module_hidden() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
-class _LazyAnalyticsChannel(DefaultTrainingAnalyticsSideChannel):
-    """ML-Agents' TrainingAnalyticsSideChannel, built only when the env wants analytics.
+class _AnalyticsChannel(DefaultTrainingAnalyticsSideChannel):
+    """ML-Agents' training analytics channel, sending messages the trainer made
+    (NOTE [ Workers get no trainer settings ])."""
 
-    The real channel imports torch (to report its version), which costs a worker seconds of
-    CPU at start and which nothing else in a worker needs. This stand-in has the same channel
-    id and forwards to the real one, created on first use, sharing its message queue.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._real: Any = None
-
-    def environment_initialized(self, run_options: RunOptions) -> None:  # type: ignore[override]
-        self._channel().environment_initialized(run_options)
-
-    def training_started(self, behavior_name: str, trainer_settings: Any) -> None:
-        self._channel().training_started(behavior_name, trainer_settings)
-
-    def _channel(self) -> Any:
-        if self._real is None:
-            from mlagents.trainers.training_analytics_side_channel import (
-                TrainingAnalyticsSideChannel,
-            )
-
-            self._real = TrainingAnalyticsSideChannel()
-            self._real.message_queue = self.message_queue
-        return self._real
+    def send_raw(self, message: bytes) -> None:
+        self.message_queue.append(bytearray(message))
 
 
 class _Worker:
@@ -176,18 +176,8 @@ class _Worker:
         self.env_parameters = EnvironmentParametersChannel()
         self.stats_channel = StatsSideChannel()
         self.engine_channel = EngineConfigurationChannel()
-        engine = spec.run_options.engine_settings
-        self.engine_channel.set_configuration(
-            EngineConfig(
-                width=engine.width,
-                height=engine.height,
-                quality_level=engine.quality_level,
-                time_scale=engine.time_scale,
-                target_frame_rate=engine.target_frame_rate,
-                capture_frame_rate=engine.capture_frame_rate,
-            )
-        )
-        self.analytics: Optional[_LazyAnalyticsChannel] = None
+        self.engine_channel.set_configuration(spec.engine_config)
+        self.analytics: Optional[_AnalyticsChannel] = None
         self.players = PlayerWatch()
         self.encoder = wire.Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
@@ -214,18 +204,27 @@ class _Worker:
             self.engine_channel,
             self.stats_channel,
         ]
-        if self.spec.worker_id == 0:  # as upstream: one worker reports training analytics
-            self.analytics = _LazyAnalyticsChannel()
+        if self.spec.analytics is not None:  # as upstream: worker 0 reports training analytics
+            self.analytics = _AnalyticsChannel()
             side_channels.append(self.analytics)
         factory: Callable[[int, List[SideChannel]], BaseEnv] = cloudpickle.loads(
             self.spec.pickled_env_factory
         )
-        self.env = factory(self.spec.env_worker_id, side_channels)
+        try:
+            self.env = factory(self.spec.env_worker_id, side_channels)
+        except UnityEnvironmentException as e:
+            path = self.spec.env_path
+            if path is not None and validate_environment_path(path) is None:
+                raise BuildNotFoundError(
+                    f"There is no Unity build at --env={path!r} (looked from {os.getcwd()!r}, "
+                    "with and without .x86_64/.x86): check the path."
+                ) from e
+            raise
         self.players.start()  # NOTE [ Player death ]
         capabilities = getattr(self.env, "academy_capabilities", None)
-        if self.analytics is not None:
+        if self.analytics is not None and self.spec.analytics is not None:
             if capabilities is not None and capabilities.trainingAnalytics:
-                self.analytics.environment_initialized(self.spec.run_options)
+                self.analytics.send_raw(self.spec.analytics)
             else:
                 self.analytics = None
         self.send(
@@ -247,15 +246,12 @@ class _Worker:
                     self.env.reset()
                 self.send(EnvironmentCommand.RESET, self._step_payload())
             elif request.cmd == EnvironmentCommand.ENVIRONMENT_PARAMETERS:
-                for key, value in (request.payload or {}).items():
-                    if isinstance(value, ParameterRandomizationSettings):
-                        value.apply(key, self.env_parameters)
-                    elif isinstance(value, (int, float)):  # as SimpleEnvManager accepts
-                        self.env_parameters.set_float_parameter(key, float(value))
+                for method, args in request.payload:
+                    if method in PARAMETER_METHODS:
+                        getattr(self.env_parameters, method)(*args)
             elif request.cmd == EnvironmentCommand.TRAINING_STARTED:
                 if self.analytics is not None:
-                    behavior_name, trainer_settings = request.payload
-                    self.analytics.training_started(behavior_name, trainer_settings)
+                    self.analytics.send_raw(request.payload)
             elif request.cmd == EnvironmentCommand.CLOSE:
                 return
             self.command = None

@@ -87,11 +87,13 @@ def test_death_restarts_only_that_worker(env_manager_factory, tmp_path, start_me
 
 
 @pytest.mark.timeout(30)
-def test_healthy_workers_keep_stepping_while_one_restarts(env_manager_factory, tmp_path):
-    factory = last_worker_faults(HardExitEnvironment, 4, tmp_path)
+def test_healthy_workers_keep_stepping_while_one_restarts(run_options, env_manager_factory):
+    run_options.env_settings.restarts_rate_limit_n = 5
+    factory = make_factory(HardExitEnvironment, after_steps=3, only_worker=3, step_sleep_s=0.005)
     manager = env_manager_factory(factory, 4, restart_backoff_s=2.0)
     manager.reset()
-    step_until(manager, lambda: manager.restart_counts.get("died") == 1)
+    # The first restart is immediate; the second waits restart_backoff_s.
+    step_until(manager, lambda: manager.restart_counts.get("died") == 2)
     stepped = set()
     while 3 not in manager.worker_pids:  # during the 2 s backoff
         stepped |= {step.worker_id for step in manager.get_steps()}
@@ -301,7 +303,7 @@ def test_quota_exceeded_reports_the_restart_history(run_options, env_manager_fac
 
 
 @pytest.mark.timeout(30)
-def test_backoff_doubles_within_the_rate_period(run_options, env_manager_factory, caplog):
+def test_backoff_doubles_from_the_second_restart_within_the_rate_period(run_options, env_manager_factory, caplog):
     run_options.env_settings.restarts_rate_limit_n = -1
     run_options.env_settings.max_lifetime_restarts = 3
     factory = make_factory(UnexpectedExceptionEnvironment, exception_type=UnityCommunicationException, after_steps=2)
@@ -311,18 +313,18 @@ def test_backoff_doubles_within_the_rate_period(run_options, env_manager_factory
     with caplog.at_level(logging.WARNING), pytest.raises(UnityCommunicationException):
         step_until(manager, lambda: False)
     delays = [r.getMessage().split(" in ")[1].split(" s ")[0] for r in caplog.records if "Restarting" in r.getMessage()]
-    assert delays == ["0.2", "0.4", "0.8"]
-    assert time.monotonic() - started >= 0.2 + 0.4 + 0.8
+    assert delays == ["0.0", "0.2", "0.4"]
+    assert time.monotonic() - started >= 0.2 + 0.4
 
 
 def test_backoff_resets_after_the_rate_period(run_options):
     run_options.env_settings.restarts_rate_limit_period_s = 0.2
     policy = RestartPolicy(run_options.env_settings, backoff_s=1.0)
     error = UnityCommunicationException("x")
-    assert [policy.record(0, Cause.UNITY, error) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
-    assert policy.record(1, Cause.UNITY, error) == 1  # counted per worker
+    assert [policy.record(0, Cause.UNITY, error) for _ in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    assert policy.record(1, Cause.UNITY, error) == 0  # counted per worker
     time.sleep(0.3)
-    assert policy.record(0, Cause.UNITY, error) == 1
+    assert policy.record(0, Cause.UNITY, error) == 0
 
 
 # --------------------------------------------------------------------------- signals

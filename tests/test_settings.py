@@ -68,7 +68,7 @@ def test_asking_for_ray_without_ray_says_how_to_install_it():
         "    print(type(e).__name__, e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
-    assert out.count("pip install 'mlagents-plugin[ray]'") == 2, out
+    assert out.count("pip install ray==2.60.0") == 2, out
     assert "TrainerConfigError env_manager.backend is 'ray'." in out
 
 

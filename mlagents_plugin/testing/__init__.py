@@ -2,11 +2,13 @@
 
 - ``SimpleEnvironment`` and the misbehaving variants in ``faulty_envs``;
 - ``make_factory``: an env factory (picklable, for worker processes) for any of them;
-- ``train`` / ``check_environment_trains``: a real PPO trainer through any env manager;
+- ``train`` / ``check_environment_trains``: a real PPO trainer through any env manager (loaded
+  on first use: they import ML-Agents' trainers and torch, which envs and workers do not need);
 - the pytest plugin (``mlagents_plugin.testing.pytest_plugin``, registered through the
   ``pytest11`` entry point) with fixtures built on these.
 """
 import functools
+import importlib
 from typing import Any, Callable, List
 
 from mlagents_envs.base_env import BaseEnv
@@ -64,6 +66,15 @@ def _build(
     return env_class(worker_id, side_channels, **kwargs)
 
 
+_TRAINING = ("TrainingResult", "check_environment_trains", "train")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRAINING:
+        return getattr(importlib.import_module("mlagents_plugin.testing.training"), name)
+    raise AttributeError(f"module 'mlagents_plugin.testing' has no attribute {name!r}")
+
+
 __all__ = [
     "HangingEnvironment",
     "HardExitEnvironment",
@@ -71,11 +82,14 @@ __all__ = [
     "PlayerLaunchingEnvironment",
     "RandomFaultEnvironment",
     "SimpleEnvironment",
+    "TrainingResult",
     "TwoArgumentError",
     "UnexpectedExceptionEnvironment",
     "UnpicklableExceptionEnvironment",
+    "check_environment_trains",
     "make_factory",
     "raising_factory",
     "simple_env",
     "testing_env",
+    "train",
 ]

@@ -1,0 +1,210 @@
+"""A drop-in for upstream's SubprocessEnvManager: its contract where it is right, workers as
+light and quick as its, and the habits of ML-Agents users (re-running a results folder)."""
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+from helpers import REPO, free_port_block, learn_command, run_learn, write_config
+from mlagents.trainers.learn import create_environment_factory
+from mlagents.trainers.settings import RunOptions, TrainerSettings
+from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException
+
+from mlagents_plugin.errors import BuildNotFoundError
+from mlagents_plugin.player.build import make_build
+from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.testing import SimpleEnvironment, UnexpectedExceptionEnvironment, make_factory
+
+
+def slow_failing_factory(worker_id, side_channels):
+    """Upstream's scenario: the env takes a moment, then fails, so the trainer is already
+    waiting for the worker when the error comes."""
+    time.sleep(0.5)
+    raise UnityEnvironmentException("the build did not start")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_envs", [1, 4])
+def test_reset_raises_the_error_of_a_worker_that_cannot_start(env_manager_factory, num_envs):
+    manager = env_manager_factory(slow_failing_factory, num_envs)
+    with pytest.raises(UnityEnvironmentException, match="the build did not start"):
+        manager.reset()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_envs", [1, 4])
+def test_reset_returns_one_step_per_worker_when_one_restarts_meanwhile(env_manager_factory, tmp_path, num_envs):
+    factory = make_factory(
+        UnexpectedExceptionEnvironment,
+        exception_type=UnityTimeOutException,
+        during="init",
+        only_worker=num_envs - 1,
+        once_file=str(tmp_path / "fired"),
+    )
+    manager = env_manager_factory(factory, num_envs)
+    assert manager.reset() == num_envs
+    assert (tmp_path / "fired").exists()
+    assert sorted(step.worker_id for step in manager.first_step_infos) == list(range(num_envs))
+    assert manager.restart_counts == {"unity": 1}
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_build_fails_at_once_and_is_not_restarted(run_options, env_manager_factory, tmp_path):
+    missing = str(tmp_path / "NoSuchBuild")
+    run_options.env_settings.env_path = missing  # what mlagents-learn --env sets
+    factory = create_environment_factory(missing, True, True, 0, 1, 60, 5005, [], str(tmp_path))
+    manager = env_manager_factory(factory, 2)
+    started = time.monotonic()
+    with pytest.raises(BuildNotFoundError, match="There is no Unity build at") as info:
+        manager.reset()
+    assert time.monotonic() - started < 10
+    assert isinstance(info.value, UnityEnvironmentException)  # what upstream raises
+    assert "Couldn't launch" in str(info.value.__cause__)  # mlagents-envs' own words, attached
+    assert manager.restart_counts == {}
+
+
+def test_an_env_factory_that_is_not_callable_is_refused_before_anything_starts(run_options):
+    with pytest.raises(TypeError, match="env_factory must be callable"):
+        SupervisedEnvManager("my_package.envs:make_env", run_options, 2)
+
+
+@pytest.mark.timeout(60)
+def test_the_first_restart_is_immediate_and_backoff_grows_from_the_second(run_options, env_manager_factory, tmp_path):
+    run_options.env_settings.restarts_rate_limit_n = -1
+    factory = make_factory(
+        UnexpectedExceptionEnvironment, exception_type=UnityTimeOutException, after_steps=2
+    )
+    manager = env_manager_factory(factory, 1, restart_backoff_s=0.5)
+    manager.reset()
+    times = []
+    while len(times) < 3:
+        before = sum(manager.restart_counts.values())
+        manager.get_steps()
+        if sum(manager.restart_counts.values()) > before:
+            times.append(time.monotonic())
+    # Each fault comes 2 steps after a restart: the gaps are backoff + start-up + 2 steps.
+    first_gap, second_gap = times[1] - times[0], times[2] - times[1]
+    assert first_gap < 0.5 + 5, "the first restart waited"  # no backoff, only start-up
+    assert second_gap >= 0.5 and second_gap - first_gap > 0.3
+
+
+# ---------------------------------------------------------------- what a worker weighs
+
+
+def fork_server_workers(trainer_pid: int):
+    """The env workers of a trainer that uses the fork server: the fork server's children."""
+    for child in psutil.Process(trainer_pid).children():
+        if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+            return child.children()
+    return []
+
+
+def maps_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libtorch" in maps.read()
+
+
+@pytest.mark.timeout(60)
+def test_workers_do_not_load_torch_although_the_run_options_name_ppo(env_manager_factory):
+    from mlagents.plugins.trainer_type import register_trainer_plugins
+
+    register_trainer_plugins()
+    run_options = RunOptions()
+    run_options.behaviors["Simple"] = TrainerSettings(trainer_type="ppo")  # PPOSettings import torch
+    manager = SupervisedEnvManager(make_factory(SimpleEnvironment), run_options, 2)
+    try:
+        manager.reset()
+        assert manager.worker_pids and not any(maps_torch(pid) for pid in manager.worker_pids.values())
+        assert maps_torch(os.getpid())  # the trainer does
+    finally:
+        manager.close()
+
+
+@pytest.fixture(scope="module")
+def goal_build(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("builds")
+    make_build(str(directory), "goal")
+    return directory / "goal"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("env", ["python", "build"])
+def test_under_mlagents_learn_no_worker_loads_torch(tmp_path, goal_build, env):
+    def edit(config):
+        config["behaviors"]["Goal" if env == "build" else "Simple"]["max_steps"] = 10**7
+
+    if env == "build":
+        config = write_config(tmp_path, "goal_player.yaml", edit)
+        args = [f"--env={goal_build}", f"--base-port={free_port_block(10)}"]
+    else:
+        config = write_config(tmp_path, "simple_python_env.yaml", edit)
+        args = []
+    trainer = subprocess.Popen(
+        learn_command(config, "--num-envs=2", *args), cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    output = []
+    try:
+        for line in trainer.stdout:
+            output.append(line)
+            if "Step: " in line:
+                break
+        workers = fork_server_workers(trainer.pid)
+        assert len(workers) == 2, "".join(output[-30:])
+        assert not [w.pid for w in workers if maps_torch(w.pid)], "a worker mapped libtorch"
+    finally:
+        os.killpg(trainer.pid, 2)  # Ctrl-C
+        output.append(trainer.communicate(timeout=60)[0])
+    text = "".join(output)
+    assert text.count("pkg_resources is deprecated") <= 1, "workers import ML-Agents' trainers"
+
+
+# ------------------------------------------------------------- results folder re-runs
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("env", ["python", "build"])
+def test_a_run_can_be_repeated_from_its_results_folder(tmp_path, goal_build, env):
+    def edit(config):
+        behaviors = config["behaviors"]
+        behaviors[next(iter(behaviors))]["max_steps"] = 600
+        config.setdefault("env_manager", {})["restart_backoff_s"] = 0.25
+
+    if env == "build":
+        config = write_config(tmp_path, "goal_player.yaml", edit)
+        args = [f"--env={goal_build}", f"--base-port={free_port_block(10)}"]
+    else:
+        config = write_config(tmp_path, "simple_python_env.yaml", edit)
+        args = []
+    first = run_learn(tmp_path, config, "--num-envs=2", *args)
+    assert first.returncode == 0, first.stdout[-3000:]
+    saved = tmp_path / "results" / "run" / "configuration.yaml"
+    section = yaml.safe_load(saved.read_text())["env_manager"]
+    assert section["restart_backoff_s"] == 0.25
+    again = subprocess.run(
+        [learn_command(saved)[0], str(saved), "--run-id=again"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "restart_backoff_s=0.25" in again.stdout
+    assert (tmp_path / "results" / "again" / "configuration.yaml").exists()
+
+
+# ------------------------------------------------------------------- the test kit
+
+
+def test_the_pytest_plugin_loads_without_ml_agents_trainers_or_torch():
+    code = (
+        "import sys, mlagents_plugin.testing.pytest_plugin, mlagents_plugin.testing\n"
+        "heavy = [m for m in ('torch', 'mlagents.trainers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "from mlagents_plugin.testing import check_environment_trains, train\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
