@@ -1,6 +1,6 @@
 """``make bench``: every benchmark, side by side in one run; JSON and Markdown in results/bench/.
 
-    python benchmarks/bench.py [--quick] [--only throughput unity faults drift ray] [--ray-address ADDR]
+    python benchmarks/bench.py [--quick] [--only throughput unity startup faults drift ray] [--ray-address ADDR]
 
 ``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
 """
@@ -17,10 +17,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import drift  # noqa: E402
 import fault_costs  # noqa: E402
 import ray_vs_subprocess  # noqa: E402
+import startup  # noqa: E402
 import throughput  # noqa: E402
 import unity_path  # noqa: E402
 
-SECTIONS = {"throughput": throughput, "unity": unity_path, "faults": fault_costs, "drift": drift, "ray": ray_vs_subprocess}
+SECTIONS = {
+    "throughput": throughput,
+    "unity": unity_path,
+    "startup": startup,
+    "faults": fault_costs,
+    "drift": drift,
+    "ray": ray_vs_subprocess,
+}
 
 
 def main() -> None:

@@ -1,0 +1,171 @@
+"""What a worker costs before it steps: start-up (manager built to the first reset answered by
+every worker) and memory per worker, ours (forkserver) against upstream (fork), for Python envs
+and player builds, at 1, 4, 8 and 16 workers.
+
+Each measurement runs in a fresh trainer process that has imported what ``mlagents-learn`` has
+(ML-Agents' trainers, torch) and whose run options name a PPO behaviour, as ``mlagents-learn``'s
+do. ``cold`` is the first manager of that process (ours then also starts its fork server);
+``warm`` a second one in the same process. Memory is read after 50 steps: USS (what the worker
+alone holds) and PSS (its share of what it shares with its siblings and its parent), beside a
+bare process that imported mlagents-envs.
+
+    python benchmarks/startup.py --child ours python 4    # one measurement, printed as JSON
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+WORKERS = (1, 4, 8, 16)
+ENVS = ("python", "build")
+STEPS_BEFORE_MEMORY = 50
+
+
+def _child(which: str, env: str, n_env: int) -> Dict:
+    import psutil
+    from mlagents.plugins.trainer_type import register_trainer_plugins
+    from mlagents.trainers.learn import create_environment_factory
+    from mlagents.trainers.settings import RunOptions, TrainerSettings
+    from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
+
+    from mlagents_plugin.player.build import make_build
+    from mlagents_plugin.supervisor import SupervisedEnvManager
+    from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+    register_trainer_plugins()
+    run_options = RunOptions()
+    run_options.behaviors["Goal"] = TrainerSettings(trainer_type="ppo")
+    with tempfile.TemporaryDirectory() as tmp:
+        if env == "python":
+            factory = make_factory(SimpleEnvironment, num_agents=4)
+        else:
+            build = make_build(tmp, "goal")
+            base_port = _free_port_block(2 * n_env + 4)
+            factory = create_environment_factory(
+                str(build.with_suffix("")), True, True, 0, 1, 60, base_port, [], tmp
+            )
+        results = {}
+        for attempt in ("cold", "warm"):
+            started = time.perf_counter()
+            if which == "ours":
+                manager = SupervisedEnvManager(factory, run_options, n_env)
+            else:
+                manager = SubprocessEnvManager(factory, run_options, n_env)
+            try:
+                manager.reset({})
+                results[f"{attempt}_startup_s"] = time.perf_counter() - started
+                for _ in range(STEPS_BEFORE_MEMORY):
+                    manager.get_steps()
+                if which == "ours":
+                    pids = list(manager.worker_pids.values())
+                else:
+                    pids = [worker.process.pid for worker in manager.env_workers]
+                memory = [psutil.Process(pid).memory_full_info() for pid in pids]
+                results[f"{attempt}_uss_mb"] = statistics.mean(m.uss for m in memory) / 2**20
+                results[f"{attempt}_pss_mb"] = statistics.mean(m.pss for m in memory) / 2**20
+            finally:
+                manager.close()
+            if env == "build":
+                factory = create_environment_factory(  # fresh ports: the closed players' may linger
+                    str(build.with_suffix("")), True, True, 0, 1, 60, base_port + n_env + 2, [], tmp
+                )
+    return results
+
+
+def _free_port_block(size: int) -> int:
+    import socket
+
+    base = 20000 + (os.getpid() * 37) % 30000
+    while True:
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as s:
+                    s.bind(("localhost", port))
+            return base
+        except OSError:
+            base += size
+
+
+def _bare_mlagents_envs() -> Dict[str, float]:
+    """USS and PSS of a process that imported mlagents-envs and nothing else."""
+    import psutil
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import mlagents_envs.environment, sys; sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        process.stdout.readline()
+        info = psutil.Process(process.pid).memory_full_info()
+        return {"uss_mb": info.uss / 2**20, "pss_mb": info.pss / 2**20}
+    finally:
+        process.stdin.close()
+        process.wait(timeout=10)
+
+
+def measure(which: str, env: str, n_env: int) -> Dict:
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", which, env, str(n_env)],
+        capture_output=True, text=True, timeout=600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{which} {env} {n_env}: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool) -> List[Dict]:
+    repeats = 1 if quick else 3
+    workers = (1, 4) if quick else WORKERS
+    rows = []
+    bare = _bare_mlagents_envs()
+    for env in ENVS:
+        for n_env in workers:
+            runs: Dict[str, List[Dict]] = {"ours": [], "upstream": []}
+            for _ in range(repeats):  # alternating, so both see the same machine
+                for which in runs:
+                    runs[which].append(measure(which, env, n_env))
+            row = {"env": env, "workers": n_env, "bare_mlagents_envs": bare}
+            for which, measured in runs.items():
+                row[which] = {key: statistics.median(m[key] for m in measured) for key in measured[0]}
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: List[Dict]) -> str:
+    bare = rows[0]["bare_mlagents_envs"]
+    out = [
+        "Start-up: manager built to the first reset answered by every worker; medians of "
+        "alternating runs, each in a fresh trainer process. Memory per worker after 50 steps, "
+        f"MB (a bare process that imported mlagents-envs: USS {bare['uss_mb']:.1f}, "
+        f"PSS {bare['pss_mb']:.1f}).",
+        "",
+        "| env | workers | start-up cold: ours / upstream (ratio) | warm: ours / upstream (ratio) | "
+        "USS ours / upstream | PSS ours / upstream |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        ours, up = row["ours"], row["upstream"]
+        out.append(
+            f"| {row['env']} | {row['workers']} | "
+            f"{ours['cold_startup_s']:.3f} / {up['cold_startup_s']:.3f} s "
+            f"({ours['cold_startup_s'] / up['cold_startup_s']:.2f}) | "
+            f"{ours['warm_startup_s']:.3f} / {up['warm_startup_s']:.3f} s "
+            f"({ours['warm_startup_s'] / up['warm_startup_s']:.2f}) | "
+            f"{ours['warm_uss_mb']:.1f} / {up['warm_uss_mb']:.1f} | "
+            f"{ours['warm_pss_mb']:.1f} / {up['warm_pss_mb']:.1f} |"
+        )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    else:
+        sys.exit(__doc__)
