@@ -5,11 +5,12 @@ ML-Agents' TrainerController a lost worker is a lost environment, so it saves th
 "Learning was interrupted" and exits non-zero, exactly as for a crashed Unity build.
 """
 import pickle
+import signal
 from typing import Optional
 
 from mlagents_envs.exception import UnityCommunicationException, UnityEnvironmentException
 
-from mlagents_plugin.protocol import ExceptionEnvelope
+from mlagents_plugin.protocol import ExceptionEnvelope, StopReport
 
 
 class EnvWorkerError(UnityCommunicationException):
@@ -102,3 +103,22 @@ def exception_from_envelope(envelope: ExceptionEnvelope, where: str) -> BaseExce
     exc.__cause__ = RemoteTraceback(f'\n"""\n{where}:\n{envelope.traceback}"""')
     return exc
 
+
+
+def error_from_stop(report: StopReport, where: str, worker_id: int, pid: Optional[int]) -> WorkerDiedError:
+    """A worker that stopped on a signal or a BaseException: a death, with the worker's traceback
+    attached (NOTE [ Exceptions cross as themselves; the rest is a worker failure ])."""
+    doing = f"during {report.command.name}" if report.command else "while building its env"
+    if report.signal is not None:
+        name = signal.Signals(report.signal).name
+        why = (
+            f"was stopped by {name} {doing}: another process asked it to stop (`kill`, "
+            "earlyoom, a container runtime?)"
+        )
+    else:
+        raised = report.type_name + (f": {report.message}" if report.message else "")
+        exits = " (sys.exit)" if report.type_name == "SystemExit" else ""
+        why = f"stopped {doing}: its env raised {raised}{exits}, which ends a process"
+    error = WorkerDiedError(f"{where} {why}.", worker_id, pid)
+    error.__cause__ = RemoteTraceback(f'\n"""\n{where}:\n{report.traceback}"""')
+    return error

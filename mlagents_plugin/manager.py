@@ -23,7 +23,12 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
 from mlagents_plugin import compat, python_envs, worker_inputs
-from mlagents_plugin.errors import RemoteWorkerError, WorkerTimeoutError, exception_from_envelope
+from mlagents_plugin.errors import (
+    RemoteWorkerError,
+    WorkerTimeoutError,
+    error_from_stop,
+    exception_from_envelope,
+)
 from mlagents_plugin.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,
@@ -36,6 +41,7 @@ from mlagents_plugin.protocol import (
 )
 from mlagents_plugin.restart import Cause, RestartPolicy
 from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.shutdown import Reason
 from mlagents_plugin.stats import HealthStats
 from mlagents_plugin.wire import Decoder
 from mlagents_plugin.worker import WorkerSpec
@@ -73,6 +79,7 @@ class Slot(abc.ABC):
         self.sent_at = 0.0
         self.deadline: Optional[float] = None
         self.restart_at = 0.0
+        self.ever_started = False  # has any incarnation finished building its env?
         self.last_command: Optional[EnvironmentCommand] = None
         self.previous_step = EnvironmentStep.empty(worker_id)
         self.previous_all_action_info: Dict[BehaviorName, ActionInfo] = {}
@@ -153,7 +160,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         """Wait up to ``timeout`` for replies and deaths; hand them to ``_handle`` and ``_fail``."""
 
     @abc.abstractmethod
-    def _take_down(self, slot: Slot, hung: bool) -> None:
+    def _take_down(self, slot: Slot, reason: Reason) -> None:
         """Start taking the slot's worker down, in bounded time; it is no longer ``live`` after."""
 
     @abc.abstractmethod
@@ -247,19 +254,27 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         return counts
 
     def close(self) -> None:
-        """Close every worker, bounded (see the backend's ``_close_workers``). Idempotent."""
+        """Close every worker, bounded (see the backend's ``_close_workers``). Idempotent.
+
+        It never raises: ``mlagents-learn`` writes its run logs (timers, training status) after
+        it, and a second Ctrl-C here has done its job once the workers are killed.
+        """
         if self._closed:
             return
         self._closed = True
         _open_managers.discard(self)
         try:
             self._close_workers()
+        except KeyboardInterrupt:
+            logger.warning("Interrupted again while closing: the env workers were killed at once.")
+        except Exception:
+            logger.exception(f"Closing the env workers of this {type(self).__name__} failed.")
         finally:
             for slot in self._slots:
                 slot.state = WorkerState.CLOSED
                 logger.info(
                     f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
-                    f"at close it {self._close_outcome(slot.worker_id)}."
+                    f"its last process {self._close_outcome(slot.worker_id)}."
                 )
 
     # ------------------------------------------------------------------------ stepping
@@ -307,7 +322,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         slot.deadline = time.monotonic() + self.settings.startup_timeout_s
 
     def _worker_spec(
-        self, slot: Slot, trainer_pid: int, owner_tag: str, segment_prefix: Optional[str]
+        self, slot: Slot, owner_tag: str, segment_prefix: Optional[str]
     ) -> WorkerSpec:
         """What the slot's next worker process starts with; the transport adds its part."""
         return WorkerSpec(
@@ -319,7 +334,6 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             engine_config=self._engine_config,
             analytics=self._analytics.environment_initialized if slot.worker_id == 0 else None,
             log_level=logger.getEffectiveLevel(),
-            trainer_pid=trainer_pid,
             owner_tag=owner_tag,
             segment_prefix=segment_prefix,
         )
@@ -337,11 +351,11 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             slot.state = WorkerState.BUSY
             slot.deadline = slot.sent_at + self.settings.step_timeout_s
 
-    def _retire(self, slot: Slot, hung: bool) -> None:
+    def _retire(self, slot: Slot, reason: Reason) -> None:
         """Take the slot's worker down and drop what the trainer held of it."""
         slot.decoder.close()
         slot.decoder = Decoder()
-        self._take_down(slot, hung)
+        self._take_down(slot, reason)
         slot.pid, slot.awaiting, slot.deadline = None, None, None
 
     # ------------------------------------------------------------------------- events
@@ -385,6 +399,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         if response.cmd is EnvironmentCommand.READY:
             hello: WorkerHello = response.payload
             slot.pid = hello.pid
+            slot.ever_started = True
             slot.behavior_specs.update(hello.behavior_specs or {})
             if slot.awaiting is None:
                 slot.state, slot.deadline = WorkerState.IDLE, None
@@ -413,17 +428,21 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             self._completed.append(step)
         elif response.cmd is EnvironmentCommand.ENV_EXITED:
             self._fail(slot, exception_from_envelope(response.payload, slot.label))
+        elif response.cmd is EnvironmentCommand.STOPPED:
+            self._fail(slot, error_from_stop(response.payload, slot.label, slot.worker_id, slot.pid))
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
         for slot in self._slots:
             if slot.live and slot.deadline is not None and now > slot.deadline:
                 if slot.state is WorkerState.STARTING:
+                    setting = "startup_timeout_s"
                     what = (
                         f"did not finish building its env within startup_timeout_s="
                         f"{self.settings.startup_timeout_s} s{self._startup_hint()}"
                     )
                 else:
+                    setting = "step_timeout_s"
                     what = (
                         f"did not answer {_name(slot.awaiting)} within step_timeout_s="
                         f"{self.settings.step_timeout_s} s"
@@ -432,14 +451,14 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
                     slot,
                     WorkerTimeoutError(
                         f"{slot.label} {what}; it is hung, or the env is slower than the "
-                        "timeout allows (raise env_manager.step_timeout_s or --timeout-wait).",
+                        f"timeout allows (raise env_manager.{setting} or --timeout-wait).",
                         slot.worker_id,
                         slot.pid,
                     ),
-                    hung=True,
+                    Reason.HUNG,
                 )
 
-    def _fail(self, slot: Slot, exc: BaseException, hung: bool = False) -> None:
+    def _fail(self, slot: Slot, exc: BaseException, reason: Reason = Reason.CLOSE) -> None:
         """A worker failed: restart it if the policy allows, else raise ``exc`` to the trainer.
 
         Only this worker restarts; the others keep stepping. Its steps not yet returned, and
@@ -447,13 +466,13 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         """
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
-        self._retire(slot, hung=hung)
+        self._retire(slot, reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
             self._move_to_another_port(slot)
             return
         cause = self._restarts.classify(exc)
-        restart = cause is not Cause.OTHER and self._restarts.has_quota(worker_id)
+        restart = cause is not Cause.OTHER and self._restarts.has_quota(worker_id, slot.ever_started)
         self._health.failed(worker_id, cause, restart)
         if restart:
             delay = self._restarts.record(worker_id, cause, exc)
@@ -466,7 +485,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             return
         slot.state = WorkerState.FAILED
         if cause is not Cause.OTHER:
-            exc.add_note(self._restarts.explain_refusal(worker_id))
+            exc.add_note(self._restarts.explain_refusal(worker_id, slot.ever_started))
         logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
         raise exc
 

@@ -58,7 +58,11 @@ def make_env_manager(
     """What ``mlagents-learn`` calls instead of ``SubprocessEnvManager(...)``."""
     settings = _settings.resolved(run_options)
     if not settings.enabled:
-        logger.info(f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager.")
+        ignored = settings.ignored_when_disabled()
+        logger.info(
+            f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager"
+            + (f"; these settings do not apply to it: {', '.join(ignored)}." if ignored else ".")
+        )
         return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)
     if settings.env is not None:
         if run_options.env_settings.env_path is not None:

@@ -4,7 +4,8 @@
 # mlagents-envs starts each Unity player with ``start_new_session=True``: the player is in its
 # own session and process group, so neither killing the worker's process group nor a terminal's
 # Ctrl-C reaches it, and once the worker is gone the player is re-parented to init and nothing
-# links it to us any more. Three mechanisms together make sure no player outlives its worker:
+# links it to us any more. Four mechanisms together make sure that nothing a worker started
+# outlives its supervisor (the trainer, or a Ray actor), however the supervisor ends:
 #
 # 1. Tagging. Before it builds its env, every worker puts ``MLAGENTS_PLUGIN_OWNER=<tag>`` into
 #    its environment. Every process it execs from then on (the player, and the player's own
@@ -15,25 +16,39 @@
 #    its parent's *initial* environ, so it carries no tag. Before the shutdown ladder signals a
 #    live worker it takes ``psutil.Process(pid).children(recursive=True)``, and once the worker
 #    is reaped it kills what is left of those, and of the worker's tag (``kill_leftovers``).
-# 3. A parent watchdog in each worker (``watch_parent``). If the trainer itself is SIGKILLed,
-#    nobody is left to run 1 or 2, so each worker waits on a pidfd of the trainer (no polling)
-#    and, when it becomes readable, kills its own tagged descendants and exits: players are
-#    gone within a fraction of a second.
+# 3. The reaper (reaper.py). If the supervisor itself is killed, nobody is left to run 1 or 2,
+#    and a watchdog inside each worker is no answer: a worker stuck in C code that holds the GIL
+#    never runs it, and a SIGKILL of the whole process group (``timeout -s KILL``, a cancelled
+#    CI job, an SSH hangup) takes the workers down with the supervisor while the players, in
+#    sessions of their own, run on. So each supervising process starts one small stdlib-only
+#    process in a session of its own, out of reach of the group's signals, and tells it the pid
+#    of every worker it starts. The reaper waits on a pidfd of the supervisor (no polling) and,
+#    when it is gone, SIGKILLs those workers with their process trees and everything carrying
+#    the supervisor's tag, removes its shared memory segments and Ray temp dir, and exits.
+# 4. The sweep. When a reaper starts, it first removes what supervisors that are gone left
+#    behind (tagged processes, segments, Ray temp dirs): the second line, for a reaper that was
+#    itself killed.
 #
 # A Linux child subreaper (prctl PR_SET_CHILD_SUBREAPER) was the alternative to 1: it would
-# re-parent orphans to the trainer, but it cannot help when the trainer itself dies, it makes
-# the trainer responsible for reaping every orphan of every library it loads, and it is
-# Linux-only in the same way without covering more cases.
+# re-parent orphans to the trainer, but it cannot help when the trainer itself dies. A parent-
+# death signal (PR_SET_PDEATHSIG) on each worker would kill a worker stuck in C code, but not
+# what that worker started: a player, in its own session, would only die with a second one set
+# by a wrapper around mlagents-envs' launch, and its own children not at all.
 """
 import os
 import select
 import signal
+import subprocess
+import sys
 import threading
-from typing import Callable, Iterable, List, Optional
+from typing import IO, Callable, Iterable, List, Optional
 
 import psutil
 
+from mlagents_plugin import reaper as reaper_script
+
 OWNER_ENV = "MLAGENTS_PLUGIN_OWNER"
+assert OWNER_ENV.encode() + b"=" == reaper_script.OWNER_ENV
 # How long a leftover process (a player whose worker is gone) gets between SIGTERM and SIGKILL.
 LEFTOVER_GRACE_S = 0.5
 
@@ -46,8 +61,8 @@ _SIGNAL_HINTS = {
 }
 
 
-def describe_exit(exitcode: Optional[int]) -> str:
-    """Say how a process ended, in words a user can act on."""
+def describe_exit(exitcode: Optional[int], hint: bool = True) -> str:
+    """Say how a process ended, in words a user can act on (``hint``: and what may have done it)."""
     if exitcode is None:
         return "is still running"
     if exitcode >= 0:
@@ -56,8 +71,8 @@ def describe_exit(exitcode: Optional[int]) -> str:
         sig = signal.Signals(-exitcode)
     except ValueError:
         return f"was killed by signal {-exitcode}"
-    hint = _SIGNAL_HINTS.get(sig)
-    return f"was killed by {sig.name}" + (f": {hint}" if hint else "")
+    why = _SIGNAL_HINTS.get(sig) if hint else None
+    return f"was killed by {sig.name}" + (f": {why}" if why else "")
 
 
 def tag_this_process(tag: str) -> None:
@@ -139,3 +154,53 @@ def watch_parent(pid: int, on_death: Callable[[], None]) -> None:
         on_death()
 
     threading.Thread(target=wait, name="parent-watchdog", daemon=True).start()
+
+
+def owner_prefix(supervisor_pid: int) -> str:
+    """The start of the tags of every worker a supervising process starts (NOTE [ No orphans ])."""
+    return f"{reaper_script.OWNER_ROOT}{supervisor_pid}-"
+
+
+class Reaper:
+    """This process's reaper (NOTE [ No orphans ], 3.), started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: Optional["subprocess.Popen[bytes]"] = None
+        self._for_pid = 0  # the process it watches: a fork of this one needs its own
+
+    def watch_worker(self, pid: int) -> None:
+        """Have the reaper take ``pid`` down, with its tree, if this process is killed."""
+        self._tell(f"worker {pid} {reaper_script.starttime(pid) or 0}")
+
+    def remove_with_me(self, directory: str) -> None:
+        """Have the reaper remove ``directory`` if this process is killed."""
+        self._tell(f"dir {directory}")
+
+    def _tell(self, line: str) -> None:
+        with self._lock:
+            for _ in range(2):  # a reaper that was killed is replaced once
+                stdin = self._stdin()
+                try:
+                    stdin.write((line + "\n").encode())
+                    stdin.flush()
+                    return
+                except OSError:
+                    self._process = None
+
+    def _stdin(self) -> IO[bytes]:
+        me = os.getpid()
+        if self._process is None or self._for_pid != me or self._process.poll() is not None:
+            segments = f"{reaper_script.SEGMENT_ROOT}{me}_"  # wire.py names segments so
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", reaper_script.__file__, str(me), owner_prefix(me), segments],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # out of reach of signals to our process group
+            )
+            self._for_pid = me
+        assert self._process.stdin is not None
+        return self._process.stdin
+
+
+reaper = Reaper()  # this process's (a fork of it starts its own on first use)

@@ -31,9 +31,10 @@ class EnvironmentCommand(enum.Enum):
     CLOSE = 5
     TRAINING_STARTED = 8
     # worker -> trainer
-    ENV_EXITED = 6  # the env raised; payload is an ExceptionEnvelope. The worker exits next.
+    ENV_EXITED = 6  # the env raised an Exception; payload: ExceptionEnvelope. The worker exits next.
     CLOSED = 7  # shutdown sentinel: the env is closed and the worker is about to exit.
     READY = 9  # the env exists; payload is a WorkerHello.
+    STOPPED = 10  # a signal or a BaseException stops the worker; payload: StopReport. It exits next.
 
 
 class EnvironmentRequest(NamedTuple):
@@ -149,6 +150,40 @@ def unpack_response(data: bytes) -> EnvironmentResponse:
         stats = {k: [(value, StatsAggregationMethod(m)) for value, m in v] for k, v in stats.items()}
         payload = StepPayload(EncodedSteps(*encoded), stats, specs, timer_root)
     return EnvironmentResponse(command, worker_id, incarnation, payload)
+
+
+# NOTE [ Exceptions cross as themselves; the rest is a worker failure ]
+# What ends a worker reaches the trainer one of two ways, by one rule. An ``Exception`` the env
+# raised (in its factory, reset, step, or side-channel handling) is the env's error: it crosses
+# as an ExceptionEnvelope and the trainer raises the same type (NOTE [ Exception round trip ]),
+# restarted only if it is one of ML-Agents' Unity exceptions or listed in ``restart_on``.
+# Anything else is the worker failing, never the env's error for the trainer to raise: a
+# signal (SIGTERM from ``kill``, earlyoom or a container runtime, turned into SystemExit by
+# NOTE [ Worker signals ]) or a BaseException from the env (KeyboardInterrupt, ``sys.exit(0)``).
+# It crosses as a StopReport and becomes a WorkerDiedError naming the signal or the exception,
+# restarted like any death. Raised in the trainer as itself, a SystemExit would end
+# ``mlagents-learn`` as if asked to, and a KeyboardInterrupt would be ML-Agents' Ctrl-C: "Learning
+# was interrupted", exit code 0, and a CI job that passes.
+class StopReport(NamedTuple):
+    """Why a worker stopped, when it was not its env raising an Exception."""
+
+    signal: Optional[int]  # the signal that stopped it, if one did
+    type_name: str
+    message: str
+    traceback: str
+    command: Optional[EnvironmentCommand]
+
+
+def describe_stop(
+    exc: BaseException, command: Optional[EnvironmentCommand], signum: Optional[int]
+) -> StopReport:
+    return StopReport(
+        signum,
+        qualified_name(type(exc)),
+        _safe_str(exc),
+        "".join(traceback.format_exception(exc)),
+        command,
+    )
 
 
 def qualified_name(cls: type) -> str:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 from mlagents_envs import logging_util
 
+from mlagents_plugin import processes
 from mlagents_plugin.protocol import EnvironmentCommand, EnvironmentRequest, pack
 from mlagents_plugin.readiness import Readiness
 from mlagents_plugin.shutdown import Ladder
@@ -58,8 +59,7 @@ class EnvWorkerActor:
 
         logging_util.set_log_level(spec.log_level)
         self.spec = spec._replace(
-            trainer_pid=os.getpid(),
-            owner_tag=f"mlagents-plugin/{os.getpid()}-{secrets.token_hex(4)}/"
+            owner_tag=f"{processes.owner_prefix(os.getpid())}{secrets.token_hex(4)}/"
             f"{spec.worker_id}.{spec.incarnation}/",
             segment_prefix=None,  # the trainer may be on another node
         )
@@ -67,6 +67,7 @@ class EnvWorkerActor:
         self.kill_grace_s = kill_grace_s
         self.where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
         self.process, self.conn = start_worker(multiprocessing.get_context("spawn"), self.spec)
+        processes.reaper.watch_worker(self.process.pid)  # NOTE [ No orphans ]
 
     def start(self) -> ActorReply:
         """Wait for the worker's READY (or its error, or its death)."""

@@ -18,11 +18,12 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 
 from mlagents_plugin import ray_local, signals
 from mlagents_plugin.errors import WorkerDiedError
-from mlagents_plugin.manager import Slot, SupervisedManagerBase, _name
+from mlagents_plugin.manager import Slot, SupervisedManagerBase, WorkerState, _name
 from mlagents_plugin.processes import describe_exit
 from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
 from mlagents_plugin.ray_actor import ActorReply, EnvWorkerActor
 from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.shutdown import Reason
 
 INSTALL_HINT = (
     "The Ray backend needs Ray 2.60.0: pip install ray==2.60.0 (from a checkout of "
@@ -97,7 +98,6 @@ class RayEnvManager(SupervisedManagerBase):
         self._in_flight: Dict[Any, Tuple[_ActorSlot, int]] = {}  # call -> slot, incarnation
         self._departures: Dict[int, _Departure] = {}
         self._outcomes: Dict[int, str] = {}
-        self._kill_reason = "did not answer"
         # A local Ray gets what the workers ask for: on one machine they share the cores
         # anyway, as subprocess workers do, and none may wait for a CPU or a resource.
         self._leave_ray = ray_local.connect(
@@ -114,7 +114,7 @@ class RayEnvManager(SupervisedManagerBase):
 
     def _launch(self, slot: _ActorSlot) -> None:
         # The actor fills in its own pid and tags: NOTE [ Ray actors host a worker process ].
-        spec = self._worker_spec(slot, trainer_pid=0, owner_tag="", segment_prefix=None)
+        spec = self._worker_spec(slot, owner_tag="", segment_prefix=None)
         slot.actor = self._actor_class.remote(
             spec, self.settings.shutdown_timeout_s, self.settings.kill_grace_s
         )
@@ -126,19 +126,23 @@ class RayEnvManager(SupervisedManagerBase):
         method = slot.actor.call if cmd in _WITH_REPLY else slot.actor.tell
         self._in_flight[method.remote(data)] = (slot, slot.incarnation)
 
-    def _take_down(self, slot: _ActorSlot, hung: bool) -> None:
-        """A hung worker's actor is killed at once, as is one that never answered its start;
-        any other is asked to close its worker."""
+    def _take_down(self, slot: _ActorSlot, reason: Reason) -> None:
+        """A hung worker's actor is killed at once, as is one that has not finished starting
+        (a close call would wait for the start); any other is asked to close its worker."""
         actor, label, placed = slot.actor, slot.label, slot.where is not None
         slot.actor, slot.where = None, None
         dropped = [ref for ref, (owner, _) in self._in_flight.items() if owner is slot]
         for ref in dropped:
             del self._in_flight[ref]
         last_command = slot.awaiting or slot.last_command
-        if hung:
-            self._kill(slot.worker_id, actor, label, last_command, self._kill_reason, dropped)
-        elif not placed:  # nothing to close gracefully, and a close call would wait for the start
-            self._kill(slot.worker_id, actor, label, last_command, "had not started yet", dropped)
+        if reason is Reason.HUNG:
+            self._kill(slot.worker_id, actor, label, last_command, "did not answer", dropped)
+        elif reason is Reason.INTERRUPTED:
+            why = "was killed at once on a second interrupt"
+            self._kill(slot.worker_id, actor, label, last_command, why, dropped)
+        elif reason is Reason.BUILDING or not placed:
+            logger.info(f"{label} has not finished starting; killing its Ray actor.")
+            self._kill(slot.worker_id, actor, label, last_command, None, dropped)
         else:
             deadline = self.settings.shutdown_timeout_s + self.settings.kill_grace_s + CLOSE_SLACK_S
             self._departures[slot.worker_id] = _Departure(
@@ -151,13 +155,15 @@ class RayEnvManager(SupervisedManagerBase):
         actor: Any,
         label: str,
         last_command: Optional[EnvironmentCommand],
-        why: str,
+        why: Optional[str],
         dropped: List[Any],
     ) -> None:
-        logger.warning(
-            f"Zombie worker report: {label} {why} (last command: {_name(last_command)}); "
-            "killing its Ray actor."
-        )
+        """Kill the actor; ``why`` it was needed goes into a zombie-worker report."""
+        if why is not None:
+            logger.warning(
+                f"Zombie worker report: {label} {why} (last command: {_name(last_command)}); "
+                "killing its Ray actor."
+            )
         ray.kill(actor, no_restart=True)
         probe = actor.start.remote()  # fails as soon as the actor is dead
         self._departures[worker_id] = _Departure(
@@ -177,13 +183,15 @@ class RayEnvManager(SupervisedManagerBase):
             self._leave_ray()
             return
         at_once = signals.interrupted_twice()  # NOTE [ Trainer signals ]
-        if at_once:
-            self._kill_reason = "was killed at once on a second interrupt"
         try:
             for slot in self._slots:
                 if slot.live:
                     slot.last_command = EnvironmentCommand.CLOSE
-                    self._retire(slot, hung=at_once)
+                    if at_once:
+                        self._retire(slot, Reason.INTERRUPTED)
+                    else:
+                        building = slot.state is WorkerState.STARTING
+                        self._retire(slot, Reason.BUILDING if building else Reason.CLOSE)
             while self._departures:
                 self._wait(max(0.0, self._next_backend_deadline() - time.monotonic()))
                 self._advance_backend()

@@ -19,9 +19,13 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, Optional
+
+from mlagents_plugin import processes
+from mlagents_plugin import reaper as reaper_script
 
 LOOPBACK = "127.0.0.1"
 _DEAD_PORT = "http://127.0.0.1:9"  # discard: nothing listens, so a connect is refused at once
@@ -61,7 +65,11 @@ def prepare_environment() -> str:
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
         ray_constants.ENABLE_RAY_CLUSTER = False
-    root = tempfile.mkdtemp(prefix="mlap-ray-", dir="/tmp")  # short: see the NOTE
+    # Short (see the NOTE), and named after this process, so that its reaper, or any later
+    # reaper's sweep, removes it if this process is killed (NOTE [ No orphans ]).
+    parent, stem = os.path.split(reaper_script.DIR_ROOT)
+    root = tempfile.mkdtemp(prefix=f"{stem}{os.getpid()}-", dir=parent)
+    processes.reaper.remove_with_me(root)
     os.environ["RAY_TMPDIR"] = root
     os.makedirs(os.path.join(root, "ray"))
     return os.path.join(root, "ray")
@@ -148,6 +156,28 @@ def loopback_cluster(num_cpus: float) -> Iterator[Any]:
         shutil.rmtree(os.path.dirname(temp_dir), ignore_errors=True)
 
 
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str) -> None:
+    """Fail within REACH_TIMEOUT_S, in words, if nothing answers at a ``host:port`` address
+    (``ray.init`` itself retries for minutes). ``auto`` and the like are Ray's to resolve."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or "://" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as e:
+        from mlagents.trainers.exception import TrainerConfigError
+
+        raise TrainerConfigError(
+            f"env_manager.ray.address {address!r}: nothing answers at {host}:{port} "
+            f"({e.strerror or type(e).__name__}, within {REACH_TIMEOUT_S:.0f} s). Is the Ray head "
+            "running there (`ray status` on it), is the port the head's (6379 by default; "
+            "10001 for ray://), and can this machine reach it?"
+        ) from None
+
+
 # NOTE [ Sharing Ray in one process ]
 # Ray has one connection per process. Managers in one process share the connection a manager
 # made (a local Ray it started, or a cluster it connected to by address), counted, so that only
@@ -172,6 +202,7 @@ def connect(address: Optional[str], num_cpus: float, resources: Dict[str, float]
         if address is None:
             _ours = LocalRay(num_cpus, resources).stop
         else:
+            check_reachable(address)
             ray.init(address=address, logging_level="WARNING")
             _ours = ray.shutdown  # disconnects; the cluster runs on
     _users += 1

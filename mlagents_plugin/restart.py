@@ -92,13 +92,15 @@ class RestartPolicy:
     def classify(self, exc: BaseException) -> Cause:
         return cause_of(exc, self.restart_on)
 
-    def has_quota(self, worker_id: int) -> bool:
+    def has_quota(self, worker_id: int, ever_started: bool = True) -> bool:
+        """May ``worker_id`` restart? One that never once finished building its env gets one
+        retry at most: a build that cannot start does not heal by being started again."""
         history = self.history[worker_id]
         lifetime_ok = (
             self.max_lifetime_restarts == -1 or len(history) < self.max_lifetime_restarts
         )
         rate_ok = self.rate_limit_n == -1 or self._recent(worker_id) < self.rate_limit_n
-        return lifetime_ok and rate_ok
+        return lifetime_ok and rate_ok and (ever_started or not history)
 
     def record(self, worker_id: int, cause: Cause, exc: BaseException) -> float:
         """Count a restart of ``worker_id``; return how long to wait before starting it."""
@@ -111,9 +113,15 @@ class RestartPolicy:
         )
         return delay
 
-    def explain_refusal(self, worker_id: int) -> str:
+    def explain_refusal(self, worker_id: int, ever_started: bool = True) -> str:
         """Why ``worker_id`` gets no more restarts, with its restart history."""
         history = self.history[worker_id]
+        if not ever_started and history:
+            return (
+                f"Env worker {worker_id} never once finished building its env, and was restarted "
+                f"once already ({history[-1].wall:%H:%M:%S} after {history[-1].error}): it is "
+                "not retried again."
+            )
         limits = (
             f"max_lifetime_restarts={self.max_lifetime_restarts}, "
             f"restarts_rate_limit_n={self.rate_limit_n} per "

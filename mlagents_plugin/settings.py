@@ -4,6 +4,7 @@ Settings are attrs classes, as ML-Agents' own are. The section is validated stri
 unknown key or a wrong type stops ``mlagents-learn`` before anything starts, with a message
 naming the key and the valid ones. See docs/configuration.md for every setting and its why.
 """
+import math
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -20,6 +21,9 @@ SCHEDULING_STRATEGIES = ("SPREAD", "DEFAULT")
 # Added to --timeout-wait for the derived deadlines; starting also pays for a new interpreter.
 STEP_MARGIN_S = 10.0
 STARTUP_MARGIN_S = 30.0
+# The longest any duration may be. Every wait is bounded, and a bound must be one: .inf or 1e12
+# would pass a "> 0" check and then overflow the first timer it reaches.
+MAX_DURATION_S = 24 * 3600.0
 
 
 def _float(value: Any) -> Any:
@@ -32,11 +36,24 @@ def _positive(instance: Any, attribute: "attr.Attribute", value: Optional[float]
         raise ValueError(f"'{attribute.name}' must be > 0 (got {value!r}).")
 
 
-_timeout = dict(converter=_float, validator=[attr.validators.instance_of(float), _positive])
+def _bounded(instance: Any, attribute: "attr.Attribute", value: Optional[float]) -> None:
+    if value is not None and not (math.isfinite(value) and value <= MAX_DURATION_S):
+        raise ValueError(
+            f"'{attribute.name}' must be a finite number of seconds, at most {MAX_DURATION_S:.0f} "
+            f"(one day) (got {value!r})."
+        )
+
+
+def _finite(instance: Any, attribute: "attr.Attribute", value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"'{attribute.name}' must be a finite number (got {value!r}).")
+
+
+_timeout = dict(converter=_float, validator=[attr.validators.instance_of(float), _positive, _bounded])
 _optional_timeout = dict(
     default=None,
     converter=attr.converters.optional(_float),
-    validator=[attr.validators.optional(attr.validators.instance_of(float)), _positive],
+    validator=[attr.validators.optional(attr.validators.instance_of(float)), _positive, _bounded],
 )
 
 
@@ -52,7 +69,7 @@ class RaySettings:
     num_cpus_per_worker: float = attr.ib(
         default=1.0,
         converter=_float,
-        validator=[attr.validators.instance_of(float), attr.validators.ge(0.0)],
+        validator=[attr.validators.instance_of(float), _finite, attr.validators.ge(0.0)],
     )
     resources: Dict[str, float] = attr.ib(
         factory=dict,
@@ -122,7 +139,7 @@ class EnvManagerSettings:
     restart_backoff_s: float = attr.ib(
         default=1.0,
         converter=_float,
-        validator=[attr.validators.instance_of(float), attr.validators.ge(0.0)],
+        validator=[attr.validators.instance_of(float), _bounded, attr.validators.ge(0.0)],
     )
     env: Optional[str] = attr.ib(
         default=None, validator=attr.validators.optional(attr.validators.instance_of(str))
@@ -134,10 +151,30 @@ class EnvManagerSettings:
 
     @env.validator
     def _check_env(self, attribute: "attr.Attribute", value: Optional[str]) -> None:
-        if value is not None and value.count(":") != 1:
+        module, _, factory = (value or "").partition(":")
+        if value is not None and not (module and factory and ":" not in factory):
             raise ValueError(
                 f"'env' must look like 'package.module:factory' (got {value!r})."
             )
+
+    def __attrs_post_init__(self) -> None:
+        """Combinations that cannot work are refused, not ignored."""
+        if self.env_kwargs and self.env is None:
+            raise ValueError("'env_kwargs' is set but 'env' is not: name the env they are for.")
+        if not self.enabled and self.env is not None:
+            raise ValueError(
+                "'env' needs the plugin, but 'enabled' is false: ML-Agents' own "
+                "SubprocessEnvManager trains only on Unity builds and the Editor."
+            )
+        if not self.enabled and self.backend != "subprocess":
+            raise ValueError(
+                f"'backend: {self.backend}' needs the plugin, but 'enabled' is false."
+            )
+
+    def ignored_when_disabled(self) -> List[str]:
+        """The settings that differ from their defaults and mean nothing with enabled: false."""
+        defaults = EnvManagerSettings().as_dict()
+        return [name for name, value in self.as_dict().items() if name != "enabled" and value != defaults[name]]
 
     def resolved(self, run_options: RunOptions) -> "EnvManagerSettings":
         """The settings with every derived default filled in from ``run_options``.
@@ -146,11 +183,18 @@ class EnvManagerSettings:
         UnityTimeOutException, the better message; our deadlines leave it time to do so.
         """
         timeout_wait = float(run_options.env_settings.timeout_wait)
-        return attr.evolve(
-            self,
-            startup_timeout_s=self.startup_timeout_s or timeout_wait + STARTUP_MARGIN_S,
-            step_timeout_s=self.step_timeout_s or timeout_wait + STEP_MARGIN_S,
-        )
+        try:
+            return attr.evolve(
+                self,
+                startup_timeout_s=self.startup_timeout_s or timeout_wait + STARTUP_MARGIN_S,
+                step_timeout_s=self.step_timeout_s or timeout_wait + STEP_MARGIN_S,
+            )
+        except ValueError as e:
+            raise TrainerConfigError(
+                f"--timeout-wait={run_options.env_settings.timeout_wait} is too long for the "
+                f"deadlines derived from it: {e.args[0]} Set env_manager.startup_timeout_s and "
+                "step_timeout_s, or a shorter --timeout-wait."
+            ) from None
 
     def as_dict(self) -> Dict[str, Any]:
         return attr.asdict(self)

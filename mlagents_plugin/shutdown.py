@@ -11,9 +11,11 @@
 #            survives even that (uninterruptible sleep in a driver) is reported and abandoned
 #            rather than waited for: nothing here ever blocks without a deadline;
 #   dead     it already exited: just reap it.
-# A hung worker starts at ``term``: it would not read CLOSE. Every SIGTERM or SIGKILL is logged
-# as a zombie-worker report naming the worker, its pid and the last command it was sent, since
-# a worker that needs one is a bug worth seeing. After a worker is reaped, its pipe and the
+# A hung worker starts at ``term``: it would not read CLOSE. So does one still building its env
+# (the factory, a Unity handshake, the wait for the Editor): it reads nothing until the env
+# exists, and closing should not wait for that. Every other SIGTERM or SIGKILL is logged as a
+# zombie-worker report naming the worker, its pid and the last command it was sent, since a
+# worker that needs one is a bug worth seeing. After a worker is reaped, its pipe and the
 # Process object's sentinel are closed, so create/close cycles do not leak descriptors.
 #
 # Upstream waits for CLOSED on a shared multiprocessing.Queue. A Queue has a feeder thread per
@@ -40,17 +42,30 @@ logger = logging_util.get_logger(__name__)
 KILL_WAIT_S = 0.5
 
 
+class Reason(enum.Enum):
+    """Why a worker is taken down, which decides where on the ladder it starts."""
+
+    CLOSE = "close"  # CLOSE was sent, or it reported a failure and closes its env by itself
+    HUNG = "hung"  # past its deadline: it would not read CLOSE
+    BUILDING = "building"  # still building its env: it reads nothing until the env exists
+    INTERRUPTED = "interrupted"  # a second Ctrl-C: NOTE [ Trainer signals ]
+
+
 class Stage(enum.Enum):
     ASKED = "asked"
     TERM = "term"
     KILL = "kill"
 
 
-_OUTCOMES = {
-    Stage.ASKED: "exited",
-    Stage.TERM: "exited on SIGTERM",
-    Stage.KILL: "killed with SIGKILL",
-}
+def _outcome(stage: Stage, exitcode: Optional[int]) -> str:
+    """How a reaped worker went, for the close summary."""
+    if stage is Stage.KILL:
+        return "was killed with SIGKILL"
+    if stage is Stage.TERM and exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM):
+        return "exited on SIGTERM"
+    if exitcode == 0:
+        return "exited"
+    return processes.describe_exit(exitcode, hint=False)
 
 
 class _Leaving:
@@ -94,10 +109,10 @@ class Ladder:
         label: str,
         owner_tag: str,
         last_command: Optional[EnvironmentCommand],
-        hung: bool = False,
+        reason: Reason = Reason.CLOSE,
         on_closed: Callable[[Any], None] = lambda payload: None,
     ) -> None:
-        """Start taking ``process`` down; a ``hung`` one starts at SIGTERM. Once it is reaped,
+        """Start taking ``process`` down, where ``reason`` says (NOTE above). Once it is reaped,
         whatever it left running (its tagged processes, its snapshotted children) is killed."""
         item = _Leaving(key, process, conn, label, owner_tag, last_command, on_closed)
         item.deadline = time.monotonic() + self.shutdown_timeout_s
@@ -105,8 +120,13 @@ class Ladder:
         self.readiness.watch(process.sentinel, None)
         if conn is not None:
             self.readiness.watch(conn, None)
-        if hung:
+        if reason is Reason.HUNG:
             self._escalate(item, f"did not answer {_name(last_command)}")
+        elif reason is Reason.BUILDING:
+            logger.info(f"{label} is still building its env; stopping it with SIGTERM.")
+            self._signal(item, Stage.TERM)
+        elif reason is Reason.INTERRUPTED:
+            self._kill_now(item)
 
     def __contains__(self, key: Any) -> bool:
         return any(item.key == key for item in self.leaving)
@@ -120,7 +140,7 @@ class Ladder:
         for item in list(self.leaving):
             self._drain(item)
             if not item.process.is_alive():
-                self._reap(item, _OUTCOMES[item.stage])
+                self._reap(item, _outcome(item.stage, item.process.exitcode))
             elif now >= item.deadline:
                 if item.stage is Stage.KILL:
                     logger.error(
@@ -149,18 +169,22 @@ class Ladder:
         """SIGKILL everything now (a second Ctrl-C), then reap within KILL_WAIT_S."""
         for item in self.leaving:
             if item.process.is_alive() and item.stage is not Stage.KILL:
-                self._signal(item, Stage.KILL, "was killed at once on a second interrupt")
+                self._kill_now(item)
         self.run()
 
-    def _escalate(self, item: _Leaving, reason: str) -> None:
-        self._signal(item, Stage.TERM if item.stage is Stage.ASKED else Stage.KILL, reason)
+    def _kill_now(self, item: _Leaving) -> None:
+        logger.warning(f"{item.label} was killed at once on a second interrupt.")
+        self._signal(item, Stage.KILL)
 
-    def _signal(self, item: _Leaving, stage: Stage, reason: str) -> None:
-        sig = signal.SIGTERM if stage is Stage.TERM else signal.SIGKILL
+    def _escalate(self, item: _Leaving, reason: str) -> None:
+        stage = Stage.TERM if item.stage is Stage.ASKED else Stage.KILL
         logger.warning(
             f"Zombie worker report: {item.label} {reason} (last command: "
-            f"{_name(item.last_command)}); sending {sig.name}."
+            f"{_name(item.last_command)}); sending {'SIGTERM' if stage is Stage.TERM else 'SIGKILL'}."
         )
+        self._signal(item, stage)
+
+    def _signal(self, item: _Leaving, stage: Stage) -> None:
         item.descendants += processes.descendants(item.process.pid)
         try:
             if stage is Stage.TERM:

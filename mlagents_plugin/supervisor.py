@@ -20,11 +20,11 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 
 from mlagents_plugin import processes, python_envs, signals, wire
 from mlagents_plugin.errors import WorkerDiedError
-from mlagents_plugin.manager import Slot, SupervisedManagerBase, _name
+from mlagents_plugin.manager import Slot, SupervisedManagerBase, WorkerState, _name
 from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
 from mlagents_plugin.readiness import Readiness
 from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.shutdown import Ladder
+from mlagents_plugin.shutdown import Ladder, Reason
 from mlagents_plugin.worker import start_worker, worker_preload
 
 logger = logging_util.get_logger(__name__)
@@ -64,9 +64,8 @@ class SupervisedEnvManager(SupervisedManagerBase):
                 worker_preload() + python_envs.modules_to_load(self._pickled_factory)
             )
         token = secrets.token_hex(4)
-        self._owner = f"mlagents-plugin/{os.getpid()}-{token}/"
+        self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token)
-        wire.sweep()  # shared memory left by trainers that were killed
         self._readiness = Readiness()
         self._ladder = Ladder(
             self.settings.shutdown_timeout_s, self.settings.kill_grace_s, self._readiness
@@ -79,9 +78,10 @@ class SupervisedEnvManager(SupervisedManagerBase):
     # ------------------------------------------------------------------ worker lifecycle
 
     def _launch(self, slot: _ProcessSlot) -> None:
-        spec = self._worker_spec(slot, os.getpid(), self._owner_tag(slot), self._segment_prefix(slot))
+        spec = self._worker_spec(slot, self._owner_tag(slot), self._segment_prefix(slot))
         slot.process, slot.conn = start_worker(self._context, spec)
         slot.pid = slot.process.pid
+        processes.reaper.watch_worker(slot.pid)  # NOTE [ No orphans ]
         self._readiness.watch(slot.process.sentinel, (slot, slot.incarnation, _SENTINEL))
         self._readiness.watch(slot.conn, (slot, slot.incarnation, _PIPE))
 
@@ -100,7 +100,7 @@ class SupervisedEnvManager(SupervisedManagerBase):
         except (OSError, EOFError):
             pass  # the worker is gone; its sentinel reports how, on the next wait
 
-    def _take_down(self, slot: _ProcessSlot, hung: bool) -> None:
+    def _take_down(self, slot: _ProcessSlot, reason: Reason) -> None:
         """Hand the slot's process to the shutdown ladder; drop its shared memory."""
         wire.remove_segments(self._segment_prefix(slot))
         self._readiness.forget(slot.process.sentinel)
@@ -113,7 +113,7 @@ class SupervisedEnvManager(SupervisedManagerBase):
             slot.label,
             self._owner_tag(slot),
             slot.awaiting or slot.last_command,
-            hung=hung,
+            reason,
             on_closed=self._merge_worker_timers,
         )
         slot.process, slot.conn = None, None
@@ -130,13 +130,13 @@ class SupervisedEnvManager(SupervisedManagerBase):
         for slot in self._slots:
             if slot.live:
                 self._send(slot, EnvironmentCommand.CLOSE)
-                self._retire(slot, hung=False)  # reported as doing what it was asked before CLOSE
+                building = slot.state is WorkerState.STARTING
+                self._retire(slot, Reason.BUILDING if building else Reason.CLOSE)
         try:
             if signals.interrupted_twice():
                 self._ladder.force()
             self._ladder.run()
         except KeyboardInterrupt:
-            logger.warning("Interrupted again while closing: killing the env workers now.")
             self._ladder.force()
             raise
         finally:

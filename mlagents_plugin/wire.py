@@ -20,8 +20,8 @@
 #
 # Segments are named ``<prefix><generation>``, the prefix naming the trainer, the worker and its
 # incarnation, so that whoever outlives their creator can find and remove them: the worker when
-# it closes, the supervisor when it reaps a worker or closes, a new manager for segments of
-# trainers that are gone (``sweep``).
+# it closes, the supervisor when it reaps a worker or closes, the trainer's reaper when the
+# trainer is killed, and any new reaper's sweep (NOTE [ No orphans ] in processes.py).
 """
 import math
 import os
@@ -32,9 +32,10 @@ import numpy as np
 from mlagents_envs.base_env import DecisionSteps, TerminalSteps
 
 from mlagents_plugin.protocol import EncodedSteps
+from mlagents_plugin.reaper import SEGMENT_ROOT
 
 SHARED_MEMORY_MIN_BYTES = 64 * 1024
-SEGMENT_PREFIX = "mlap_"  # + trainer pid, manager token, worker id, incarnation
+SEGMENT_PREFIX = SEGMENT_ROOT  # + trainer pid, manager token, worker id, incarnation
 _ALIGN = 8
 _SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 
@@ -179,31 +180,11 @@ def remove_segments(prefix: str, ours: bool = True) -> List[str]:
     return removed
 
 
-def sweep() -> List[str]:
-    """Remove the segments of trainers that no longer run (killed before they could)."""
-    removed = []
-    for name in _segment_names(SEGMENT_PREFIX):
-        pid = name[len(SEGMENT_PREFIX):].partition("_")[0]
-        if pid.isdigit() and not _running(int(pid)):
-            removed += remove_segments(name, ours=False)
-    return removed
-
-
 def _segment_names(prefix: str) -> List[str]:
     try:
         return sorted(n for n in os.listdir(_SHM_DIR) if n.startswith(prefix))
     except FileNotFoundError:
         return []
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _padded(n: int) -> int:

@@ -36,13 +36,14 @@ from mlagents_envs.timers import get_timer_root, reset_timers
 
 from mlagents_plugin import processes, wire
 from mlagents_plugin.errors import BuildNotFoundError
-from mlagents_plugin.player_watch import PlayerWatch
+from mlagents_plugin.player_watch import PlayerWatch, hook_launches
 from mlagents_plugin.protocol import (
     PARAMETER_METHODS,
     EnvironmentCommand,
     EnvironmentResponse,
     StepPayload,
     WorkerHello,
+    describe_stop,
     pack,
     unpack_request,
     wrap_exception,
@@ -66,7 +67,6 @@ class WorkerSpec(NamedTuple):
     # env asks for training analytics, as upstream's worker 0 does
     analytics: Optional[bytes]
     log_level: int
-    trainer_pid: int
     owner_tag: str  # see NOTE [ No orphans ]
     # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
     # another machine, so everything goes through the pipe
@@ -77,36 +77,32 @@ class WorkerSpec(NamedTuple):
 # SIGINT: a Ctrl-C in a terminal reaches the whole foreground process group, workers included.
 # Workers ignore it so that the trainer alone decides how to stop: ML-Agents saves the model,
 # then the env manager closes the workers in order (CLOSE, then the ladder).
-# SIGTERM: the default action would end the worker without running ``finally``, leaving its
-# Unity player behind. The handler turns it into SystemExit, so the env is closed and the
-# player killed on the way out. If the worker is stuck in native code the handler cannot run;
-# the supervisor then escalates to SIGKILL and kills the tagged player itself.
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+# SIGTERM (the ladder's, or anyone's: ``kill PID``, earlyoom, a container runtime): the default
+# action would end the worker without running ``finally``, leaving its Unity player behind. The
+# handler raises SystemExit instead, so the env is closed and the player killed on the way out,
+# and the worker tells the trainer it was stopped (STOPPED: a worker failure, restarted like a
+# death; never "the env raised SystemExit"). Two rules keep that safe. The handler never raises
+# while the worker writes to its pipe: a message cut in half would corrupt the pipe for the
+# trainer; it raises right after the write instead. And it acts once: a second SIGTERM must not
+# cut the shutdown short (the ladder's SIGKILL bounds it). If the worker is stuck in native code
+# the handler cannot run; the ladder then escalates to SIGKILL and kills the tagged player.
+class _Stop(SystemExit):
+    """A signal asked the worker to stop."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
 
 
-def _kill_descendants(owner_tag: Optional[str] = None) -> None:
-    """Kill this worker's children and theirs; with ``owner_tag``, also its orphaned players."""
-    own = processes.descendants(os.getpid())
-    if owner_tag is None:
-        processes.kill_processes(own, processes.LEFTOVER_GRACE_S)
-    else:
-        processes.kill_leftovers(owner_tag, own)
+def _kill_descendants() -> None:
+    """Kill this worker's children and theirs."""
+    processes.kill_processes(processes.descendants(os.getpid()), processes.LEFTOVER_GRACE_S)
 
 
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """Process entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     processes.tag_this_process(spec.owner_tag)
-
-    def trainer_gone() -> None:
-        _kill_descendants(spec.owner_tag)
-        if spec.segment_prefix is not None:
-            wire.remove_segments(spec.segment_prefix)
-        os._exit(1)
-
-    processes.watch_parent(spec.trainer_pid, trainer_gone)
     logging_util.set_log_level(spec.log_level)
     _Worker(conn, spec).run()
 
@@ -167,6 +163,14 @@ class _AnalyticsChannel(DefaultTrainingAnalyticsSideChannel):
         self.message_queue.append(bytearray(message))
 
 
+_ENV_INTERFACE = ("behavior_specs", "reset", "step", "get_steps", "set_actions", "close")
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class _Worker:
     def __init__(self, conn: Connection, spec: WorkerSpec):
         self.conn = conn
@@ -179,22 +183,49 @@ class _Worker:
         self.engine_channel.set_configuration(spec.engine_config)
         self.analytics: Optional[_AnalyticsChannel] = None
         self.players = PlayerWatch()
+        hook_launches(self.players.watch_launch)
         self.encoder = wire.Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
+        self.sending = False
+        self.stop_signal: Optional[int] = None  # set by SIGTERM: NOTE [ Worker signals ]
+        self.stopping = False
 
     def send(self, cmd: EnvironmentCommand, payload: Any = None) -> None:
-        self.conn.send_bytes(
-            pack(EnvironmentResponse(cmd, self.spec.worker_id, self.spec.incarnation, payload))
-        )
+        data = pack(EnvironmentResponse(cmd, self.spec.worker_id, self.spec.incarnation, payload))
+        self.sending = True  # NOTE [ Worker signals ]: no SIGTERM in the middle of a message
+        try:
+            self.conn.send_bytes(data)
+        finally:
+            self.sending = False
+        if self.stop_signal is not None and not self.stopping:
+            self._stop()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: NOTE [ Worker signals ]
+        self.stop_signal = signum
+        if not self.sending:
+            self._stop()
+
+    def _stop(self) -> None:
+        assert self.stop_signal is not None
+        self.stopping = True
+        raise _Stop(self.stop_signal)
 
     def run(self) -> None:
+        """Serve until CLOSE; report what ends it otherwise (NOTE [ Exceptions cross as
+        themselves; the rest is a worker failure ] in protocol.py)."""
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self._build_env()
             self._serve()
-        except BaseException as exc:  # report everything, SystemExit from SIGTERM included
+        except Exception as exc:  # the env raised it: the trainer raises the same
             logger.debug(f"Env worker {self.spec.worker_id}: {exc!r}")
             self._try_send(EnvironmentCommand.ENV_EXITED, wrap_exception(exc, self.command))
+        except BaseException as exc:  # a signal, or the env's SystemExit/KeyboardInterrupt
+            logger.debug(f"Env worker {self.spec.worker_id} stops: {exc!r}")
+            signum = exc.signum if isinstance(exc, _Stop) else None
+            self._try_send(EnvironmentCommand.STOPPED, describe_stop(exc, self.command, signum))
         finally:
             self._shut_down()
 
@@ -211,7 +242,8 @@ class _Worker:
             self.spec.pickled_env_factory
         )
         try:
-            self.env = factory(self.spec.env_worker_id, side_channels)
+            with self.players.env_call():  # a player that dies in the handshake: NOTE [ Player death ]
+                env = factory(self.spec.env_worker_id, side_channels)
         except UnityEnvironmentException as e:
             path = self.spec.env_path
             if path is not None and validate_environment_path(path) is None:
@@ -220,7 +252,14 @@ class _Worker:
                     "with and without .x86_64/.x86): check the path."
                 ) from e
             raise
-        self.players.start()  # NOTE [ Player death ]
+        missing = [name for name in _ENV_INTERFACE if not hasattr(env, name)]
+        if missing:
+            raise TypeError(
+                f"The env factory returned {type(env).__name__} {_short_repr(env)}, not an ML-Agents "
+                f"env (a BaseEnv): it has no {', '.join(missing)}."
+            )
+        self.env = env
+        self.players.watch_other_players()  # NOTE [ Player death ]
         capabilities = getattr(self.env, "academy_capabilities", None)
         if self.analytics is not None and self.spec.analytics is not None:
             if capabilities is not None and capabilities.trainingAnalytics:

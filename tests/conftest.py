@@ -11,8 +11,9 @@ import pytest
 
 from mlagents_plugin import processes, wire
 
-# multiprocessing's own long-lived helpers, started once per test process and shared by tests.
-_MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+# Long-lived helpers, started once per test process and shared by its tests: multiprocessing's,
+# and the process's reaper (NOTE [ No orphans ]).
+_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "mlagents_plugin/reaper.py")
 # The session's Ray cluster and the pool of idle Ray workers it keeps: not a test's leftovers.
 # (Our actors, titled ray::EnvWorkerActor, are; tests/test_ray.py checks them by pid too.)
 _RAY_PROCESS_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
@@ -20,7 +21,7 @@ _RAY_PROCESS_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent
 
 def _infrastructure(proc: psutil.Process, me: int) -> bool:
     cmdline = " ".join(proc.cmdline())
-    if proc.ppid() == me and any(h in cmdline for h in _MP_HELPERS):
+    if proc.ppid() == me and any(h in cmdline for h in _HELPERS):
         return True
     return "/site-packages/ray/" in cmdline or cmdline.startswith(_RAY_PROCESS_TITLES)
 

@@ -124,14 +124,31 @@ def test_a_hung_build_is_restarted(tmp_path, builds):
 
 
 @pytest.mark.timeout(400)
-def test_a_build_dying_in_the_handshake_is_restarted(tmp_path, builds):
-    """mlagents-envs alone would wait forever: the build is gone between two handshake calls."""
+def test_a_build_dying_in_the_handshake_is_reported_at_once_and_restarted(tmp_path, builds):
+    """mlagents-envs alone would wait forever: the build is gone between two handshake calls.
+    The worker watches the player from its launch (NOTE [ Player death ])."""
     result = train(
-        tmp_path, builds, goal_config(tmp_path, max_steps=1000, env_manager={"startup_timeout_s": 15, "restart_backoff_s": 0}),
+        tmp_path, builds, goal_config(tmp_path, max_steps=1000, env_manager={"restart_backoff_s": 0}),
         "--die-during-handshake", "--fault-once", str(tmp_path / "died"),
     )
-    assert "did not finish building its env within startup_timeout_s=15.0 s" in result.stdout
-    assert restarts(tmp_path, "hung") == 1
+    assert "The Unity player (pid " in result.stdout and "exited with code 3" in result.stdout
+    assert "Fault: dying between the two handshake calls." in result.stdout  # its log's end
+    assert "did not finish building its env" not in result.stdout  # no timeout was needed
+    assert restarts(tmp_path, "unity") == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_build_that_never_completes_a_handshake_fails_in_its_own_words(tmp_path, builds):
+    started = time.monotonic()
+    result = run_learn(
+        tmp_path, goal_config(tmp_path), f"--env={builds / 'goal'}", "--num-envs=2",
+        f"--base-port={free_port_block(10)}", "--env-args", "--die-during-handshake",
+    )
+    assert result.returncode != 0
+    assert time.monotonic() - started < 120  # not 11 attempts of startup_timeout_s (1,000 s)
+    assert "Restarting env worker" in result.stdout  # one retry
+    assert "never once finished building its env" in result.stdout + result.stderr
+    assert "Fault: dying between the two handshake calls." in result.stdout + result.stderr
 
 
 @pytest.mark.timeout(300)

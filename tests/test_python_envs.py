@@ -8,6 +8,7 @@ import pytest
 from mlagents.trainers.exception import TrainerConfigError
 
 from mlagents_plugin import python_envs
+from mlagents_plugin.settings import parse_section
 
 SOURCE = textwrap.dedent(
     """
@@ -64,11 +65,23 @@ def test_importable_factories_are_pickled_by_reference():
 @pytest.mark.parametrize(
     "spec, expected",
     [
-        ("no_such_module_anywhere:make", "cannot import module 'no_such_module_anywhere'"),
+        ("no_such_module_anywhere:make", "there is no module 'no_such_module_anywhere'"),
         ("mlagents_plugin.testing:no_such_factory", "has no 'no_such_factory'"),
-        ("mlagents_plugin.testing:__all__", "is not callable"),
+        ("mlagents_plugin.testing:__all__", "'__all__' is a list, not a function or class"),
+        ("broken_syntax_env:make", r"importing 'broken_syntax_env' failed: SyntaxError at .*broken_syntax_env.py, line 2"),
+        ("raising_env:make", r"importing 'raising_env' failed: RuntimeError: no GPU here \(at .*raising_env.py, line 3\)"),
     ],
 )
-def test_bad_env_spec_is_explained(spec, expected):
-    with pytest.raises(TrainerConfigError, match=expected):
+def test_bad_env_spec_is_explained(spec, expected, tmp_path, monkeypatch):
+    (tmp_path / "broken_syntax_env.py").write_text("def make(worker_id, side_channels):\n    return (\n")
+    (tmp_path / "raising_env.py").write_text("import os\n\nraise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TrainerConfigError, match=expected) as info:
         python_envs.resolve(spec)
+    assert info.value.__cause__ is None  # the message says it all: no raw traceback chained
+
+
+@pytest.mark.parametrize("spec", [":", "module:", ":factory", "a:b:c", "no_colon"])
+def test_env_spec_must_name_a_module_and_a_factory(spec):
+    with pytest.raises(TrainerConfigError, match="'env' must look like 'package.module:factory'"):
+        parse_section({"env": spec})

@@ -13,7 +13,7 @@ from mlagents_plugin import processes  # noqa: E402
 from mlagents_plugin.player import cli  # noqa: E402
 from mlagents_plugin.player.academy import Academy  # noqa: E402
 from mlagents_plugin.player.build import make_build  # noqa: E402
-from mlagents_plugin.player.communicator import BuildCommunicator, TrainerGone  # noqa: E402
+from mlagents_plugin.player.communicator import BuildCommunicator, NoTrainer, TrainerGone  # noqa: E402
 from mlagents_plugin.player.scenes import SCENES, make_scene  # noqa: E402
 
 logger = logging.getLogger("mlagents_plugin.player")
@@ -41,6 +41,13 @@ def run(argv: List[str]) -> int:
         academy.run()
         communicator.say_goodbye()
         return 0
+    except NoTrainer as e:
+        logger.error(
+            f"No trainer answered on port {args.mlagents_port} within --connect-timeout-s="
+            f"{args.connect_timeout_s:g} s ({e}). Start mlagents-learn first (without --env it "
+            "waits on port 5004), or pass the port it listens on with --mlagents-port."
+        )
+        return 1
     except TrainerGone as e:
         logger.info(f"The trainer is gone ({e}); quitting.")
         return 0

@@ -29,6 +29,10 @@ class TrainerGone(Exception):
     """The trainer closed the link, asked us to quit, or is unreachable."""
 
 
+class NoTrainer(TrainerGone):
+    """No trainer answered the first call of the handshake."""
+
+
 class BuildCommunicator:
     def __init__(self, port: int, connect_timeout_s: float):
         self.connect_timeout_s = connect_timeout_s
@@ -52,7 +56,10 @@ class BuildCommunicator:
         """
         output = UnityOutputProto()
         output.rl_initialization_output.CopyFrom(init_output)
-        reply = self._call(_message(output), self.connect_timeout_s, wait_for_ready=True)
+        try:
+            reply = self._call(_message(output), self.connect_timeout_s, wait_for_ready=True)
+        except TrainerGone as e:
+            raise NoTrainer(str(e)) from None
         init_input = reply.unity_input.rl_initialization_input
         between_calls()
         reply = self._call(_message(None), None)

@@ -1,0 +1,197 @@
+"""The reaper: cleans up after a process that supervises env workers, once that process is gone.
+
+Run as ``python -I -S reaper.py SUPERVISOR_PID OWNER_PREFIX SEGMENT_PREFIX``, in a session of its
+own, by ``processes.Reaper`` (see NOTE [ No orphans ] in processes.py). It uses the standard
+library only, so that it starts in milliseconds without site-packages.
+
+On its standard input the supervisor tells it, a line each:
+
+    worker PID STARTTIME    a worker process to take down, with its whole tree
+    dir PATH                a directory to remove (a Ray temp dir the supervisor made)
+
+When it starts, it sweeps: processes tagged by supervisors that are gone, their shared memory
+segments and their directories. When the supervisor is gone (a pidfd: no polling), it SIGKILLs
+every worker it was told of that still runs (checked by start time, so a reused pid is spared)
+and their descendants, and every process tagged with OWNER_PREFIX; then it removes the
+supervisor's segments and directories, says what it did on stderr if it did anything, and exits.
+"""
+import os
+import select
+import shutil
+import signal
+import sys
+from typing import Dict, List, Optional, Set, Tuple
+
+OWNER_ENV = b"MLAGENTS_PLUGIN_OWNER="
+OWNER_ROOT = "mlagents-plugin/"  # + supervisor pid + "-" + token + "/" ...
+SEGMENT_ROOT = "mlap_"  # + supervisor pid + "_" ...
+DIR_ROOT = "/tmp/mlap-ray-"  # + supervisor pid + "-" ...
+SHM_DIR = "/dev/shm"
+
+
+def starttime(pid: int) -> Optional[int]:
+    """When ``pid`` started, in clock ticks since boot; None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
+    if fields[0] == b"Z":
+        return None
+    return int(fields[19])
+
+
+def _processes() -> Dict[int, int]:
+    """pid -> ppid of every process."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+                found[int(name)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _owner(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(OWNER_ENV):
+            return entry[len(OWNER_ENV):].decode(errors="replace")
+    return None
+
+
+def _supervisor_of(owner: str) -> Optional[int]:
+    rest = owner[len(OWNER_ROOT):] if owner.startswith(OWNER_ROOT) else ""
+    pid = rest.partition("-")[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def _gone(supervisor: int, since: Optional[int]) -> bool:
+    """Is ``supervisor`` gone (its pid free, or taken by a process younger than ``since``)?"""
+    started = starttime(supervisor)
+    return started is None or (since is not None and started > since)
+
+
+def _descendants(roots: Set[int], parents: Dict[int, int]) -> Set[int]:
+    found = set(roots)
+    grew = True
+    while grew:
+        children = {pid for pid, ppid in parents.items() if ppid in found} - found
+        found |= children
+        grew = bool(children)
+    return found
+
+
+def _kill(pids: Set[int]) -> List[int]:
+    killed = []
+    for pid in sorted(pids):
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
+    return killed
+
+
+def _remove_segments(prefix: str) -> List[str]:
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+def sweep() -> Tuple[List[int], List[str], List[str]]:
+    """Kill tagged processes of supervisors that are gone; remove their segments and dirs."""
+    parents = _processes()
+    orphans = set()
+    for pid in parents:
+        owner = _owner(pid)
+        supervisor = _supervisor_of(owner) if owner else None
+        if supervisor is not None and _gone(supervisor, starttime(pid)):
+            orphans.add(pid)
+    killed = _kill(orphans)
+    segments: List[str] = []
+    for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else []:
+        pid = name[len(SEGMENT_ROOT):].partition("_")[0] if name.startswith(SEGMENT_ROOT) else ""
+        if pid.isdigit() and _gone(int(pid), None):
+            segments += _remove_segments(name)
+    dirs = []
+    parent, stem = os.path.split(DIR_ROOT)
+    for name in os.listdir(parent):
+        pid = name[len(stem):].partition("-")[0] if name.startswith(stem) else ""
+        if pid.isdigit() and _gone(int(pid), None):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            dirs.append(name)
+    return killed, segments, dirs
+
+
+def main(argv: List[str]) -> int:
+    supervisor, owner_prefix, segment_prefix = int(argv[0]), argv[1], argv[2]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the supervisor, not for us
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        watched = os.pidfd_open(supervisor)
+    except ProcessLookupError:
+        watched = None
+    sweep()
+    workers: Dict[int, int] = {}
+    dirs: List[str] = []
+    stdin = sys.stdin.buffer.raw  # unbuffered: select() must see what is not yet read
+    pending = b""
+    while watched is not None:
+        ready, _, _ = select.select([watched] + ([stdin] if stdin else []), [], [])
+        if watched in ready:
+            break
+        chunk = os.read(stdin.fileno(), 65536)
+        if not chunk:
+            stdin = None  # the supervisor closed it (or exited): wait for its pidfd alone
+            continue
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            kind, _, rest = line.decode().partition(" ")
+            if kind == "worker":
+                pid, start = rest.split()
+                workers[int(pid)] = int(start)
+            elif kind == "dir":
+                dirs.append(rest)
+    parents = _processes()
+    alive = {pid for pid, start in workers.items() if starttime(pid) == start}
+    doomed = _descendants(alive, parents)
+    doomed |= {pid for pid in parents if (_owner(pid) or "").startswith(owner_prefix)}
+    killed = _kill(doomed)
+    segments = _remove_segments(segment_prefix)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+    if killed or segments:
+        try:
+            sys.stderr.write(
+                f"[mlagents-plugin] process {supervisor} is gone; its reaper killed what it left "
+                f"running (pids {', '.join(map(str, killed)) or 'none'}) and removed "
+                f"{len(segments)} shared memory segment(s).\n"
+            )
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
