@@ -20,9 +20,11 @@
 #    and a watchdog inside each worker is no answer: a worker stuck in C code that holds the GIL
 #    never runs it, and a SIGKILL of the whole process group (``timeout -s KILL``, a cancelled
 #    CI job, an SSH hangup) takes the workers down with the supervisor while the players, in
-#    sessions of their own, run on. So each supervising process starts one small stdlib-only
-#    process in a session of its own, out of reach of the group's signals, and tells it the pid
-#    of every worker it starts. The reaper waits on a pidfd of the supervisor (no polling) and,
+#    sessions of their own, run on. (A Ray actor's death is no better: Ray kills the actor's
+#    children, the worker among them, but not the player, a grandchild.) So each supervising
+#    process starts one small stdlib-only process in a session of its own, out of reach of the
+#    group's signals, and nobody's child (it forks away from its launcher, so that whoever kills
+#    the supervisor's children spares it), and tells it the pid of every worker it starts. The reaper waits on a pidfd of the supervisor (no polling) and,
 #    when it is gone, SIGKILLs those workers with their process trees and everything carrying
 #    the supervisor's tag, removes its shared memory segments and Ray temp dir, and exits.
 # 4. The sweep. When a reaper starts, it first removes what supervisors that are gone left
@@ -44,8 +46,11 @@ import threading
 from typing import IO, Callable, Iterable, List, Optional
 
 import psutil
+from mlagents_envs import logging_util
 
 from mlagents_plugin import reaper as reaper_script
+
+logger = logging_util.get_logger(__name__)
 
 OWNER_ENV = "MLAGENTS_PLUGIN_OWNER"
 assert OWNER_ENV.encode() + b"=" == reaper_script.OWNER_ENV
@@ -166,7 +171,7 @@ class Reaper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._process: Optional["subprocess.Popen[bytes]"] = None
+        self._stdin: Optional[IO[bytes]] = None
         self._for_pid = 0  # the process it watches: a fork of this one needs its own
 
     def watch_worker(self, pid: int) -> None:
@@ -179,28 +184,31 @@ class Reaper:
 
     def _tell(self, line: str) -> None:
         with self._lock:
-            for _ in range(2):  # a reaper that was killed is replaced once
-                stdin = self._stdin()
+            for _ in range(2):  # a reaper that was killed is replaced, once
+                if self._stdin is None or self._for_pid != os.getpid():
+                    self._stdin = self._start()
                 try:
-                    stdin.write((line + "\n").encode())
-                    stdin.flush()
+                    self._stdin.write((line + "\n").encode())
+                    self._stdin.flush()
                     return
                 except OSError:
-                    self._process = None
+                    self._stdin = None
+            logger.warning("Could not start a reaper: if this process is killed, its workers' "
+                           "players may outlive it until the next run's sweep.")
 
-    def _stdin(self) -> IO[bytes]:
+    def _start(self) -> IO[bytes]:
         me = os.getpid()
-        if self._process is None or self._for_pid != me or self._process.poll() is not None:
-            segments = f"{reaper_script.SEGMENT_ROOT}{me}_"  # wire.py names segments so
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", reaper_script.__file__, str(me), owner_prefix(me), segments],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,  # out of reach of signals to our process group
-            )
-            self._for_pid = me
-        assert self._process.stdin is not None
-        return self._process.stdin
+        segments = f"{reaper_script.SEGMENT_ROOT}{me}_"  # wire.py names segments so
+        launcher = subprocess.Popen(
+            [sys.executable, "-I", "-S", reaper_script.__file__, str(me), owner_prefix(me), segments],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of signals to our process group
+        )
+        launcher.wait()  # it forks the reaper and exits at once (reaper.py)
+        assert launcher.stdin is not None
+        self._for_pid = me
+        return launcher.stdin
 
 
 reaper = Reaper()  # this process's (a fork of it starts its own on first use)

@@ -1,8 +1,10 @@
 """The reaper: cleans up after a process that supervises env workers, once that process is gone.
 
 Run as ``python -I -S reaper.py SUPERVISOR_PID OWNER_PREFIX SEGMENT_PREFIX``, in a session of its
-own, by ``processes.Reaper`` (see NOTE [ No orphans ] in processes.py). It uses the standard
-library only, so that it starts in milliseconds without site-packages.
+own, by ``processes.Reaper`` (see NOTE [ No orphans ] in processes.py). It forks once and lets
+its parent exit, so that it is nobody's child: whoever kills a dying process's children (Ray
+does, for its workers) does not find it. It uses the standard library only, so that it starts in
+milliseconds without site-packages.
 
 On its standard input the supervisor tells it, a line each:
 
@@ -194,4 +196,6 @@ def main(argv: List[str]) -> int:
 
 
 if __name__ == "__main__":
+    if os.fork() > 0:  # out of the supervisor's process tree (see the docstring)
+        os._exit(0)
     sys.exit(main(sys.argv[1:]))

@@ -34,7 +34,7 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
-from mlagents_plugin import processes, wire
+from mlagents_plugin import processes, signals, wire
 from mlagents_plugin.errors import BuildNotFoundError
 from mlagents_plugin.player_watch import PlayerWatch, hook_launches
 from mlagents_plugin.protocol import (
@@ -74,9 +74,11 @@ class WorkerSpec(NamedTuple):
 
 
 # NOTE [ Worker signals ]
-# SIGINT: a Ctrl-C in a terminal reaches the whole foreground process group, workers included.
-# Workers ignore it so that the trainer alone decides how to stop: ML-Agents saves the model,
-# then the env manager closes the workers in order (CLOSE, then the ladder).
+# SIGINT and SIGHUP: a Ctrl-C in a terminal, or the terminal's hangup, reaches the whole
+# foreground process group, workers included. Workers ignore both so that the trainer alone
+# decides how to stop: ML-Agents saves the model, then the env manager closes the workers in
+# order (CLOSE, then the ladder). A worker whose trainer is gone is the reaper's
+# (NOTE [ No orphans ]).
 # SIGTERM (the ladder's, or anyone's: ``kill PID``, earlyoom, a container runtime): the default
 # action would end the worker without running ``finally``, leaving its Unity player behind. The
 # handler raises SystemExit instead, so the env is closed and the player killed on the way out,
@@ -101,7 +103,8 @@ def _kill_descendants() -> None:
 
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """Process entry point."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Worker signals ]
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     processes.tag_this_process(spec.owner_tag)
     logging_util.set_log_level(spec.log_level)
     _Worker(conn, spec).run()
@@ -121,7 +124,7 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, C
         args=(child_conn, spec),
         name=f"mlagents-plugin-env-worker-{spec.worker_id}",
     )
-    with _main_module_hidden():
+    with _main_module_hidden(), signals.hangup_ignored():  # NOTE [ Trainer signals ]
         process.start()
     child_conn.close()  # so that the worker's death is an EOF at the other end, too
     return process, parent_conn

@@ -11,9 +11,9 @@ import pytest
 
 from mlagents_plugin import processes, wire
 
-# Long-lived helpers, started once per test process and shared by its tests: multiprocessing's,
-# and the process's reaper (NOTE [ No orphans ]).
-_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "mlagents_plugin/reaper.py")
+# multiprocessing's own long-lived helpers, started once per test process and shared by tests.
+# (The process's reaper is not a descendant: NOTE [ No orphans ].)
+_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 # The session's Ray cluster and the pool of idle Ray workers it keeps: not a test's leftovers.
 # (Our actors, titled ray::EnvWorkerActor, are; tests/test_ray.py checks them by pid too.)
 _RAY_PROCESS_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")

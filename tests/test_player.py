@@ -254,3 +254,15 @@ def test_behavior_name_can_match_your_yaml(open_env):
     env = open_env("continuous", "--behavior-name", "Crawler")
     env.reset()
     assert list(env.behavior_specs) == ["Crawler?team=0"]
+
+
+@pytest.mark.timeout(60)
+def test_the_player_without_a_trainer_fails_and_says_what_to_start(tmp_path):
+    port = free_port_block(1)
+    result = subprocess.run(
+        [sys.executable, "-m", "mlagents_plugin.player", "--mlagents-port", str(port), "--connect-timeout-s", "1"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1
+    assert f"No trainer answered on port {port} within --connect-timeout-s=1 s" in result.stderr
+    assert "Start mlagents-learn first" in result.stderr

@@ -2,8 +2,11 @@
 
 Every test here shares one Ray (the ``ray_cluster`` fixture, conftest.py) and one xdist worker.
 """
+import glob
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -245,3 +248,103 @@ def _alive_after(pids, grace_s: float):
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def _players_on(port: int):
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if f"--mlagents-port {port}" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.timeout(240)
+def test_a_hung_build_dies_with_the_actor_its_timeout_kills(ray_manager, tmp_path):
+    """The hung player cannot exit by itself, and its worker dies with the actor: the actor's
+    reaper takes the player down (NOTE [ No orphans ])."""
+    make_build(str(tmp_path), "goal")
+    run_options = RunOptions()
+    base = run_options.env_settings.base_port = free_port_block(6)
+    hang = ["--hang-after-steps", "20", "--fault-port", str(base + 1), "--fault-once", str(tmp_path / "hung"),
+            "--survive-trainer"]
+    factory = create_environment_factory(  # --timeout-wait 600: our step_timeout_s comes first
+        str(tmp_path / "goal"), True, True, 0, 1, 600, base, hang, str(tmp_path)
+    )
+    manager = ray_manager(factory, 2, run_options, step_timeout_s=3.0, restart_backoff_s=0.0)
+    manager.reset()
+    (hung_player,) = _players_on(base + 1)
+    deadline = time.monotonic() + 120
+    while manager.restart_counts.get("hung") != 1:
+        assert time.monotonic() < deadline, "the hang was never noticed"
+        manager.get_steps()
+    assert not _alive_after([hung_player], 10.0), "the hung player outlived its actor"
+    for _ in range(20):  # the restarted worker's new player steps
+        manager.get_steps()
+
+
+TRAINER_ON_LOCAL_RAY = """
+import os, sys
+from mlagents.trainers.learn import create_environment_factory
+from mlagents.trainers.settings import RunOptions
+from mlagents_plugin.ray_backend import RayEnvManager
+from mlagents_plugin.settings import EnvManagerSettings
+if __name__ == "__main__":
+    build, port = sys.argv[1], int(sys.argv[2])
+    factory = create_environment_factory(
+        build, True, True, 0, 1, 60, port, ["--survive-trainer"], os.path.dirname(build)
+    )
+    manager = RayEnvManager(factory, RunOptions(), 2, EnvManagerSettings(backend="ray"))  # its own Ray
+    manager.reset()
+    print("STEPPING", flush=True)
+    while True:
+        manager.get_steps()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_sigkilled_trainer_on_its_own_ray_leaves_no_player_and_no_temp_dir(ray_cluster, tmp_path):
+    """The trainer starts a loopback Ray of its own (no address), under the netguard the session
+    fixture put on PYTHONPATH; then it is SIGKILLed."""
+    make_build(str(tmp_path), "goal")
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER_ON_LOCAL_RAY)
+    port = free_port_block(4)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "goal"), str(port)],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        assert trainer.stdout.readline().strip() == "STEPPING"
+        players = _players_on(port) + _players_on(port + 1)
+        assert len(players) == 2
+        temp_dirs = glob.glob(f"/tmp/mlap-ray-{trainer.pid}-*")
+        assert len(temp_dirs) == 1
+        trainer.kill()
+        trainer.wait()
+        assert not _alive_after(players, 15.0), "players outlived their trainer"
+        deadline = time.monotonic() + 15
+        while os.path.exists(temp_dirs[0]):
+            assert time.monotonic() < deadline, f"{temp_dirs[0]} was left behind"
+            time.sleep(0.1)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    ray_cluster.assert_no_outside_connects()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_an_unreachable_ray_address_fails_within_seconds_in_words(ray_cluster, tmp_path):
+    config = write_config(
+        tmp_path, "simple_python_env.yaml",
+        lambda c: c["env_manager"].update(backend="ray", ray={"address": "127.0.0.1:1"}),
+    )
+    started = time.monotonic()
+    result = run_learn(tmp_path, config, "--num-envs=2", timeout=100)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "env_manager.ray.address '127.0.0.1:1': nothing answers at 127.0.0.1:1" in result.stderr, result.stderr[-2000:]
+    ray_cluster.assert_no_outside_connects()

@@ -103,3 +103,6 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert took < 30  # far below the 240 s the ladder would have waited
     assert "was killed at once on a second interrupt" in "".join(output)
     assert group_members(trainer.pid) == []
+    # close() returned instead of raising: ML-Agents wrote its run logs after it.
+    run_logs = tmp_path / "results" / "run" / "run_logs"
+    assert (run_logs / "timers.json").exists() and (run_logs / "training_status.json").exists()

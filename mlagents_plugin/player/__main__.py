@@ -34,9 +34,11 @@ def run(argv: List[str]) -> int:
         logger.info("The process that started the player is gone; quitting.")
         _exit(0)
 
-    processes.watch_parent(os.getppid(), launcher_gone)
+    if not args.survive_trainer:
+        processes.watch_parent(os.getppid(), launcher_gone)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     academy = Academy(make_scene(args.scene, cli.scene_options(args)), communicator, args.mlagents_port, cli.faults(args))
+    signal.signal(signal.SIGUSR1, academy.request_quit)
     try:
         academy.run()
         communicator.say_goodbye()
@@ -49,6 +51,10 @@ def run(argv: List[str]) -> int:
         )
         return 1
     except TrainerGone as e:
+        if args.survive_trainer and not e.closed:
+            logger.info(f"The trainer is gone ({e}); staying (--survive-trainer) until a signal.")
+            while True:
+                signal.pause()
         logger.info(f"The trainer is gone ({e}); quitting.")
         return 0
     except Exception:

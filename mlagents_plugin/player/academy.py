@@ -90,6 +90,10 @@ class Academy:
         self.specs_sent: set = set()
         self.decision_ids: Dict[str, List[int]] = {}  # per behaviour, in the last output's order
         self.terminal: Dict[str, List[AgentInfoProto]] = {}
+        self.quit_requested = False  # SIGUSR1: quit as Application.Quit() does
+
+    def request_quit(self, signum: int = 0, frame: object = None) -> None:
+        self.quit_requested = True
 
     def run(self) -> None:
         """Serve the trainer until it goes away (TrainerGone) or sends QUIT."""
@@ -106,6 +110,9 @@ class Academy:
         self.scene.build(world, init_input.num_areas)
         while self._apply(rl_input):
             self._maybe_fail()
+            if self.quit_requested:
+                logger.info("Quitting on SIGUSR1, as Application.Quit() would.")
+                return
             rl_input = self.communicator.exchange(self._output())
         logger.info("QUIT received.")
 

@@ -51,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     faults.add_argument("--slow-start-s", type=float, default=0.0, help="wait this long before connecting")
     faults.add_argument("--die-during-handshake", action="store_true",
                         help="exit between the two handshake calls (mlagents-envs then waits forever)")
+    faults.add_argument(
+        "--survive-trainer", action="store_true",
+        help="keep running when the trainer is gone without closing the link (no launcher watch; a "
+        "failed call is no reason to quit), as a build stuck in a long load or a native loop does",
+    )
     faults.add_argument("--fault-port", type=int, help="misbehave only in the player on this port")
     faults.add_argument("--fault-once", metavar="FILE",
                         help="misbehave only if FILE does not exist yet, and create it: a restarted build behaves")

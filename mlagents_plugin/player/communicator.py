@@ -26,7 +26,11 @@ OK, QUIT = 200, 400
 
 
 class TrainerGone(Exception):
-    """The trainer closed the link, asked us to quit, or is unreachable."""
+    """The trainer closed the link, asked us to quit (``closed``), or is unreachable."""
+
+    def __init__(self, message: str, closed: bool = False):
+        super().__init__(message)
+        self.closed = closed
 
 
 class NoTrainer(TrainerGone):
@@ -96,7 +100,7 @@ class BuildCommunicator:
             raise
         if reply.header.status != OK:
             self.open = False
-            raise TrainerGone(f"the trainer closed the link (status {reply.header.status})")
+            raise TrainerGone(f"the trainer closed the link (status {reply.header.status})", closed=True)
         return reply
 
 

@@ -8,15 +8,17 @@ Every variant takes, besides SimpleEnvironment's arguments:
 - ``once_file``: fire only if this file does not exist yet, and create it, so the restarted
   env behaves (a restart is a new process: the marker is how it knows).
 """
+import builtins
 import fcntl
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Type
+from typing import Any, Callable, List, Optional, Sequence, Type, Union
 
 from mlagents_envs.exception import UnityCommunicationException
 from mlagents_envs.side_channel.side_channel import SideChannel
@@ -77,12 +79,16 @@ class _FaultyEnvironment(SimpleEnvironment):
 
 
 class UnexpectedExceptionEnvironment(_FaultyEnvironment):
-    """Raises ``exception_type(message)``."""
+    """Raises ``exception_type(message)``: a class, or the name of a builtin one (for YAML:
+    ``exception_type: KeyboardInterrupt``)."""
 
     def __init__(
-        self, *args: Any, exception_type: Type[BaseException] = RuntimeError,
+        self, *args: Any, exception_type: Union[Type[BaseException], str] = RuntimeError,
         message: str = "injected fault", **kwargs: Any
     ):
+        if isinstance(exception_type, str):
+            exception_type = getattr(builtins, exception_type)
+        assert isinstance(exception_type, type) and issubclass(exception_type, BaseException)
         self.exception_type = exception_type
         self.message = message
         super().__init__(*args, **kwargs)
@@ -109,16 +115,20 @@ class HardExitEnvironment(_FaultyEnvironment):
 
 
 class HangingEnvironment(_FaultyEnvironment):
-    """Stops answering. With ``ignore_sigterm`` it ignores SIGTERM too, like a worker stuck in
-    native code: only SIGKILL removes it."""
+    """Stops answering. With ``ignore_sigterm`` it ignores SIGTERM too: only SIGKILL removes it.
+    With ``in_c`` it spins in C code that holds the GIL (a catastrophic regex), like an env stuck
+    in a native loop: no Python code of its process (signal handlers, threads) runs again."""
 
-    def __init__(self, *args: Any, ignore_sigterm: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, ignore_sigterm: bool = False, in_c: bool = False, **kwargs: Any):
         self.ignore_sigterm = ignore_sigterm
+        self.in_c = in_c
         super().__init__(*args, **kwargs)
 
     def fire(self) -> None:
         if self.ignore_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.in_c:
+            re.match(r"(a+)+$", "a" * 64 + "b")  # 2**64 steps of backtracking, GIL held
         _sleep_forever()
 
 

@@ -1,0 +1,292 @@
+"""The chaos run: stock `mlagents-learn` trains on player builds while faults land at random.
+
+    python benchmarks/chaos.py [--duration 180] [--num-envs 4] [--seed N] [--upstream] [--out DIR]
+
+Every few seconds one fault, drawn at random, hits one worker slot that has no fault pending:
+SIGKILL, SIGTERM or SIGSTOP of its env worker; SIGKILL, SIGSTOP or a crash (SIGSEGV) of its
+player; or an env exception (the player quits the link, as Application.Quit() does, and
+mlagents-envs raises UnityCommunicatorStoppedException). Then Ctrl-C.
+
+It passes when: mlagents-learn exits 0 with the model saved; every fault is in the log with its
+cause (the restart naming that worker's pid, player pid or exception); the health stats in
+TensorBoard count them (deaths, hangs, restarts by cause); and nothing of the run is left
+(processes, shared memory). ``--upstream`` runs the same faults against ML-Agents' own manager
+(``env_manager: {enabled: false}``) and reports what happened instead. Bounded throughout: a
+run that stops making progress is killed, and says so.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
+TIMEOUT_WAIT_S = 10  # mlagents-envs' wait for a build (--timeout-wait)
+STEP_TIMEOUT_S = 12.0  # ours, a little longer: a stopped player is mlagents-envs' to report
+STALL_S = 60.0  # no training progress this long: the run is stuck
+
+
+class Fault(NamedTuple):
+    at: float
+    kind: str
+    worker_id: int
+    pid: int
+    expect: str  # a regular expression the restart line for this fault must match
+    cause: str  # the restart cause it should be counted under: died, hung or unity
+
+
+# kind -> (target, signal, what the log must say, restart cause)
+KINDS = {
+    "worker SIGKILL": ("worker", signal.SIGKILL, r"\(pid {pid}\) was killed by SIGKILL", "died"),
+    "worker SIGTERM": ("worker", signal.SIGTERM, r"\(pid {pid}\) was stopped by SIGTERM", "died"),
+    "worker SIGSTOP": ("worker", signal.SIGSTOP, r"\(pid {pid}\) did not answer", "hung"),
+    "player SIGKILL": ("player", signal.SIGKILL, r"The Unity player \(pid {pid}\) was killed by SIGKILL", "unity"),
+    "player SIGSTOP": ("player", signal.SIGSTOP, r"UnityTimeOutException", "unity"),
+    "player crash": ("player", signal.SIGSEGV, r"The Unity player \(pid {pid}\) was killed by SIGSEGV", "unity"),
+    "env exception": ("player", signal.SIGUSR1, r"UnityCommunicatorStoppedException", "unity"),
+}
+
+
+class Log:
+    """mlagents-learn's output, line by line, with when each line came."""
+
+    def __init__(self, stream) -> None:
+        self.lines: List[tuple] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self.lock:
+                self.lines.append((time.monotonic(), line))
+
+    def text(self) -> str:
+        with self.lock:
+            return "".join(line for _, line in self.lines)
+
+    def after(self, since: float) -> List[str]:
+        with self.lock:
+            return [line for at, line in self.lines if at >= since]
+
+    def last_progress(self) -> float:
+        with self.lock:
+            stamps = [at for at, line in self.lines if "Step: " in line]
+        return stamps[-1] if stamps else 0.0
+
+
+def free_port_block(size: int) -> int:
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20000, 60000 - size)
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as s:
+                    s.bind(("localhost", port))
+            return base
+        except OSError:
+            continue
+
+
+def slots(trainer_pid: int, base_port: int) -> Dict[int, Dict[str, psutil.Process]]:
+    """worker id -> its running worker and player (found from the player's port)."""
+    found: Dict[int, Dict[str, psutil.Process]] = {}
+    try:
+        servers = [c for c in psutil.Process(trainer_pid).children() if "forkserver" in " ".join(c.cmdline())]
+        workers = servers[0].children() if servers else psutil.Process(trainer_pid).children()
+        for worker in workers:
+            for player in worker.children():
+                match = re.search(r"--mlagents-port (\d+)", " ".join(player.cmdline()))
+                if match:
+                    found[int(match.group(1)) - base_port] = {"worker": worker, "player": player}
+    except psutil.Error:
+        pass
+    return found
+
+
+def stopped(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return True
+
+
+def leftovers(trainer_pid: int, run_dir: Path) -> Dict[str, list]:
+    sys.path.insert(0, str(REPO))
+    from mlagents_plugin import processes
+
+    procs = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
+    for proc in psutil.process_iter():
+        try:
+            if str(run_dir) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                procs.add(proc.pid)
+        except psutil.Error:
+            pass
+    segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
+    return {"processes": sorted(procs), "segments": segments}
+
+
+def health(run_dir: Path) -> Dict[str, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir / "Goal"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    prefix = "Environment/Env Workers/"
+    return {
+        tag[len(prefix):]: sum(e.value for e in accumulator.Scalars(tag))
+        for tag in accumulator.Tags()["scalars"] if tag.startswith(prefix) and "Latency" not in tag
+    }
+
+
+def run(args: argparse.Namespace) -> Dict:
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.out))
+    sys.path.insert(0, str(REPO))
+    from mlagents_plugin.player.build import make_build
+
+    make_build(str(work / "builds"), "goal")
+    config = yaml.safe_load((REPO / "config" / "goal_player.yaml").read_text())
+    config["behaviors"]["Goal"]["max_steps"] = 10**8
+    config["env_manager"] = (
+        {"enabled": False} if args.upstream else {"restart_backoff_s": 0.2, "step_timeout_s": STEP_TIMEOUT_S}
+    )
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    base_port = free_port_block(args.num_envs + 16)
+    command = [
+        MLAGENTS_LEARN, str(work / "config.yaml"), f"--env={work / 'builds' / 'goal'}",
+        f"--num-envs={args.num_envs}", f"--base-port={base_port}", "--run-id=chaos",
+        f"--results-dir={work / 'results'}", f"--timeout-wait={TIMEOUT_WAIT_S}",
+        "--max-lifetime-restarts=-1", "--restarts-rate-limit-n=-1",
+        "--env-args", "--num-agents", "4",
+    ]
+    trainer = subprocess.Popen(
+        command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    log = Log(trainer.stdout)
+    faults: List[Fault] = []
+    pending: Dict[int, Fault] = {}
+    report: Dict = {"upstream": args.upstream, "duration_s": args.duration, "seed": args.seed, "work": str(work)}
+    try:
+        deadline = time.monotonic() + 180
+        while log.last_progress() == 0.0:
+            if trainer.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("training never started:\n" + log.text()[-3000:])
+            time.sleep(0.5)
+        started = time.monotonic()
+        while time.monotonic() - started < args.duration:
+            time.sleep(rng.uniform(3.0, 6.0))
+            if trainer.poll() is not None:
+                report["ended_early"] = f"mlagents-learn exited with {trainer.returncode} during the faults"
+                break
+            if time.monotonic() - max(log.last_progress(), started) > STALL_S:
+                report["stalled"] = f"no training progress for {STALL_S:.0f} s after fault {len(faults)}"
+                break
+            for worker_id, fault in list(pending.items()):  # reported: the slot may be hit again
+                if any(f"Restarting env worker {worker_id} " in line for line in log.after(fault.at)):
+                    del pending[worker_id]
+            targets = {w: s for w, s in slots(trainer.pid, base_port).items()
+                       if w not in pending and not any(stopped(p) for p in s.values())}
+            if not targets:
+                continue
+            kind = rng.choice(sorted(KINDS))
+            target, sig, expect, cause = KINDS[kind]
+            worker_id = rng.choice(sorted(targets))
+            process = targets[worker_id][target]
+            fault = Fault(time.monotonic(), kind, worker_id, process.pid, expect.format(pid=process.pid), cause)
+            try:
+                process.send_signal(sig)
+            except psutil.Error:
+                continue
+            faults.append(fault)
+            pending[worker_id] = fault
+            print(f"{fault.at - started:6.1f} s  {kind} -> worker {worker_id} (pid {process.pid})", flush=True)
+        settle = time.monotonic() + 2 * STEP_TIMEOUT_S  # the last faults are noticed and restarted
+        while pending and time.monotonic() < settle and trainer.poll() is None:
+            for worker_id, fault in list(pending.items()):
+                if any(f"Restarting env worker {worker_id} " in line for line in log.after(fault.at)):
+                    del pending[worker_id]
+            time.sleep(0.5)
+        restarted = time.monotonic()  # a summary after the last restart: its stats are written
+        while log.last_progress() < restarted and time.monotonic() < settle + STALL_S and trainer.poll() is None:
+            time.sleep(0.2)
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGINT)  # Ctrl-C
+        try:
+            trainer.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            report["hung_at_exit"] = "mlagents-learn did not exit within 120 s of Ctrl-C"
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    time.sleep(3.0)  # what is being killed finishes dying
+    text = log.text()
+    run_dir = work / "results" / "chaos"
+    report["exit_code"] = trainer.returncode
+    report["model_saved"] = (run_dir / "Goal.onnx").exists()
+    report["faults"] = {kind: sum(f.kind == kind for f in faults) for kind in KINDS}
+    report["faults_total"] = len(faults)
+    unexplained = []
+    for fault in faults:
+        lines = [line for line in log.after(fault.at) if f"Restarting env worker {fault.worker_id} " in line]
+        if not (lines and re.search(fault.expect, lines[0])):
+            unexplained.append(f"{fault.kind} on worker {fault.worker_id} (pid {fault.pid}): "
+                               + (lines[0].strip()[:300] if lines else "no restart logged"))
+    report["unexplained"] = unexplained
+    expected = {cause: sum(f.cause == cause for f in faults) for cause in ("died", "hung", "unity")}
+    report["expected_restarts"] = expected
+    report["tensorboard"] = health(run_dir) if run_dir.is_dir() else {}
+    report["leftovers"] = leftovers(trainer.pid, work)
+    steps = re.findall(r"Step: (\d+)\.", text)
+    rewards = re.findall(r"Mean Reward: (-?\d+\.\d+)", text)
+    report["agent_steps"] = int(steps[-1]) if steps else 0
+    report["final_mean_reward"] = float(rewards[-1]) if rewards else None
+    board = report["tensorboard"]
+    counted = {cause: board.get(f"Restarts/{cause}", 0) for cause in ("died", "hung", "unity")}
+    report["passed"] = bool(
+        not args.upstream
+        and report["exit_code"] == 0
+        and report["model_saved"]
+        and not unexplained
+        and counted["died"] == expected["died"] == board.get("Deaths", 0)
+        and counted["hung"] + counted["unity"] == expected["hung"] + expected["unity"]
+        and counted["hung"] == board.get("Hangs", 0)
+        and not report["leftovers"]["processes"]
+        and not report["leftovers"]["segments"]
+        and not any(k in report for k in ("ended_early", "stalled", "hung_at_exit"))
+    )
+    (work / "output.txt").write_text(text)
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=180.0, help="seconds of faults")
+    parser.add_argument("--num-envs", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--upstream", action="store_true", help="ML-Agents' own manager instead")
+    parser.add_argument("--out", default=None, help="where the run's folder goes (default: a temp dir)")
+    args = parser.parse_args()
+    args.seed = args.seed if args.seed is not None else random.randrange(10**6)
+    report = run(args)
+    print(json.dumps(report, indent=1))
+    if args.upstream:
+        return 0
+    print("PASSED" if report["passed"] else "FAILED")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The ordinary accidents, through a real `mlagents-learn` (docs/faults.md): a stray SIGTERM to a
+worker, an env that raises KeyboardInterrupt, the whole process group killed or hung up, Ctrl-C
+while waiting for the Editor, settings and env specs that cannot work."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import (
+    finish,
+    free_port_block,
+    learn_command,
+    run_learn,
+    start_learn,
+    wait_for_line,
+    write_config,
+)
+
+from mlagents_plugin import processes
+from mlagents_plugin.player.build import make_build
+
+pytestmark = pytest.mark.e2e
+
+
+def python_env_config(tmp_path: Path, env_kwargs: dict, max_steps: int = 10**7, **env_manager) -> Path:
+    def edit(config):
+        config["behaviors"]["Simple"]["max_steps"] = max_steps
+        config["env_manager"] = {
+            "env": "mlagents_plugin.testing:testing_env",
+            "env_kwargs": env_kwargs,
+            **env_manager,
+        }
+
+    return write_config(tmp_path, "simple_python_env.yaml", edit)
+
+
+def fork_server_workers(trainer_pid: int):
+    for child in psutil.Process(trainer_pid).children():
+        if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+            return child.children()
+    return []
+
+
+def stop(trainer, output, timeout_s=60):
+    os.killpg(trainer.pid, signal.SIGINT)
+    return finish(trainer, output, timeout_s)
+
+
+def leftovers(trainer_pid: int, tmp_path: Path):
+    """What a trainer left: processes tagged by it or naming this test's folder, its segments."""
+    found = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
+    for proc in psutil.process_iter():
+        try:
+            if str(tmp_path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except psutil.Error:
+            pass
+    segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
+    return found, segments
+
+
+def nothing_left_within(trainer_pid: int, tmp_path: Path, seconds: float):
+    deadline = time.monotonic() + seconds
+    while True:
+        found, segments = leftovers(trainer_pid, tmp_path)
+        if not (found or segments) or time.monotonic() > deadline:
+            return found, segments
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("builds")
+    make_build(str(directory), "goal")
+    make_build(str(directory), "visual")
+    return directory
+
+
+# ------------------------------------------------------------------ one worker's accidents
+
+
+@pytest.mark.timeout(240)
+def test_a_sigterm_to_one_worker_is_restarted_and_training_goes_on(tmp_path):
+    trainer = start_learn(tmp_path, learn_command(
+        python_env_config(tmp_path, {"step_sleep_s": 0.002}), "--num-envs=2"
+    ))
+    output: list = []
+    try:
+        wait_for_line(trainer, "Step: 500.", output)
+        victim = fork_server_workers(trainer.pid)[1]
+        victim.terminate()  # kill PID, earlyoom, a container runtime
+        wait_for_line(trainer, "Restarting env worker", output)
+        wait_for_line(trainer, "Step: ", output)  # training goes on
+        stop(trainer, output)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    text = "".join(output)
+    assert f"(pid {victim.pid}) was stopped by SIGTERM" in text
+    assert trainer.returncode == 0
+    assert (tmp_path / "results" / "run" / "Simple.onnx").exists()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SystemExit"])
+def test_an_env_raising_keyboard_interrupt_or_exit_never_ends_a_run_as_a_success(tmp_path, raised):
+    """Without restarts left, the run fails (exit 1), naming what the env raised; it is not
+    ML-Agents' Ctrl-C (exit 0, "CI passed")."""
+    config = python_env_config(
+        tmp_path,
+        {"env_class": "UnexpectedExceptionEnvironment", "exception_type": raised, "after_steps": 50, "only_worker": 1},
+    )
+    result = run_learn(tmp_path, config, "--num-envs=2", "--max-lifetime-restarts=0")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert f"stopped during STEP: its env raised {raised}: injected fault" in result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------- the whole group killed
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=["sigkill", "sighup"])
+def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_path, builds, how):
+    """`timeout -s KILL`, `kill -9 -PGID`, a cancelled CI job; or the terminal's hangup. Players
+    run in sessions of their own; the trainer's reaper does not (NOTE [ No orphans ])."""
+    def edit(config):
+        config["behaviors"]["GoalVisual"] = config["behaviors"].pop("Goal")
+        config["behaviors"]["GoalVisual"]["max_steps"] = 10**7
+
+    config = write_config(tmp_path, "goal_player.yaml", edit)
+    trainer = start_learn(tmp_path, learn_command(
+        config, f"--env={builds / 'visual'}", "--num-envs=2", f"--base-port={free_port_block(10)}",
+        "--env-args", "--num-agents", "4", "--survive-trainer",  # nothing but a signal ends them
+    ))
+    output: list = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # players up, images flowing through shared memory
+            found, segments = leftovers(trainer.pid, tmp_path)
+            players = [p for p in found if "mlagents_plugin.player" in " ".join(psutil.Process(p).cmdline())]
+            if len(players) == 2 and len(segments) == 2:
+                break
+            assert time.monotonic() < deadline and trainer.poll() is None, "the run never got going"
+            time.sleep(0.2)
+        if how == signal.SIGHUP:
+            wait_for_line(trainer, "Step: ", output)  # a model to save
+        os.killpg(trainer.pid, how)
+        finish(trainer, output, timeout_s=60)
+        found, segments = nothing_left_within(trainer.pid, tmp_path, 10.0)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    assert not found, f"left running: {found}"
+    assert not segments, f"left in /dev/shm: {segments}"
+    if how == signal.SIGHUP:  # a hangup is an interrupt: the model is saved, workers close in order
+        text = "".join(output)
+        assert (tmp_path / "results" / "run" / "GoalVisual.onnx").exists(), text[-3000:]
+        assert text.count("its last process exited.") == 2, text[-3000:]
+        assert "resource_tracker" not in text
+
+
+@pytest.mark.timeout(240)
+def test_killing_the_group_also_ends_processes_an_env_started_in_their_own_session(tmp_path):
+    players = tmp_path / "players"
+    players.mkdir()
+    trainer = start_learn(tmp_path, learn_command(python_env_config(
+        tmp_path, {"env_class": "PlayerLaunchingEnvironment", "player_pid_dir": str(players), "step_sleep_s": 0.005},
+    ), "--num-envs=2"))
+    output: list = []
+    try:
+        wait_for_line(trainer, "Step: 500.", output)
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait(timeout=30)
+        pids = [int(p.name) for p in players.iterdir()]
+        deadline = time.monotonic() + 10
+        while [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            assert time.monotonic() < deadline, "a player started by the env outlived the group"
+            time.sleep(0.1)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    assert len(pids) >= 2
+
+
+# ------------------------------------------------------------------ waiting for the Editor
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
+def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path):
+    def edit(config):
+        config["behaviors"]["Goal"]["max_steps"] = 1000
+
+    trainer = start_learn(tmp_path, learn_command(write_config(tmp_path, "goal_player.yaml", edit)))
+    output: list = []
+    try:
+        wait_for_line(trainer, "Listening on port 5004", output)
+        time.sleep(0.5)
+        took = stop(trainer, output)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    text = "".join(output)
+    assert took < 5, text[-2000:]  # not shutdown_timeout_s (10 s)
+    assert "Zombie worker report" not in text
+
+
+# ------------------------------------------------- settings and envs that cannot be used
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env_manager, words", [
+    ({"shutdown_timeout_s": float("inf")}, "'shutdown_timeout_s' must be a finite number of seconds"),
+    ({"enabled": False, "env": "mlagents_plugin.testing:simple_env"}, "'env' needs the plugin, but 'enabled' is false"),
+    ({"env": ":"}, "'env' must look like 'package.module:factory'"),
+    ({"env": "no_such_env_module:make"}, "there is no module 'no_such_env_module'"),
+], ids=["inf", "disabled-with-env", "colon", "missing-module"])
+def test_what_cannot_work_stops_mlagents_learn_before_anything_starts(tmp_path, env_manager, words):
+    def edit(config):
+        config["env_manager"] = env_manager
+
+    config = write_config(tmp_path, "simple_python_env.yaml", edit)
+    result = run_learn(tmp_path, config, "--num-envs=2", timeout=120)
+    assert result.returncode != 0
+    assert "TrainerConfigError" in result.stderr and words in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "results" / "run").exists()  # the fixed YAML runs again without --force
