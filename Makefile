@@ -8,7 +8,7 @@ OVERRIDES := requirements/mlagents-py311.txt
 # loadgroup: the Ray tests (xdist_group "ray") share one worker, so Ray starts once.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install demo test bench doctor clean
+.PHONY: install demo test bench chaos doctor clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
+
+# Three minutes of random faults through stock mlagents-learn (docs/faults.md#the-chaos-run).
+chaos: $(STAMP)
+	$(BIN)/python benchmarks/chaos.py --duration 180
 
 doctor: $(STAMP)
 	$(BIN)/python -m mlagents_plugin doctor

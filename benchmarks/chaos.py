@@ -60,6 +60,11 @@ KINDS = {
 }
 
 
+def restarts(line: str, worker_id: int) -> bool:
+    """Is ``line`` the restart of ``worker_id``? Ours, or upstream's ("Restarting worker[2]")."""
+    return f"Restarting env worker {worker_id} " in line or f"Restarting worker[{worker_id}]" in line
+
+
 class Log:
     """mlagents-learn's output, line by line, with when each line came."""
 
@@ -102,17 +107,26 @@ def free_port_block(size: int) -> int:
 
 def slots(trainer_pid: int, base_port: int) -> Dict[int, Dict[str, psutil.Process]]:
     """worker id -> its running worker and player (found from the player's port)."""
+    def cmdline(process: psutil.Process) -> str:
+        try:
+            return " ".join(process.cmdline())
+        except psutil.Error:  # gone, or a zombie (upstream does not reap its dead workers)
+            return ""
+
+    def children(process: psutil.Process) -> List[psutil.Process]:
+        try:
+            return process.children()
+        except psutil.Error:
+            return []
+
+    top = children(psutil.Process(trainer_pid)) if psutil.pid_exists(trainer_pid) else []
+    servers = [c for c in top if "forkserver" in cmdline(c)]
     found: Dict[int, Dict[str, psutil.Process]] = {}
-    try:
-        servers = [c for c in psutil.Process(trainer_pid).children() if "forkserver" in " ".join(c.cmdline())]
-        workers = servers[0].children() if servers else psutil.Process(trainer_pid).children()
-        for worker in workers:
-            for player in worker.children():
-                match = re.search(r"--mlagents-port (\d+)", " ".join(player.cmdline()))
-                if match:
-                    found[int(match.group(1)) - base_port] = {"worker": worker, "player": player}
-    except psutil.Error:
-        pass
+    for worker in children(servers[0]) if servers else top:
+        for player in children(worker):
+            match = re.search(r"--mlagents-port (\d+)", cmdline(player))
+            if match:
+                found[int(match.group(1)) - base_port] = {"worker": worker, "player": player}
     return found
 
 
@@ -194,7 +208,7 @@ def run(args: argparse.Namespace) -> Dict:
                 report["stalled"] = f"no training progress for {STALL_S:.0f} s after fault {len(faults)}"
                 break
             for worker_id, fault in list(pending.items()):  # reported: the slot may be hit again
-                if any(f"Restarting env worker {worker_id} " in line for line in log.after(fault.at)):
+                if any(restarts(line, worker_id) for line in log.after(fault.at)):
                     del pending[worker_id]
             targets = {w: s for w, s in slots(trainer.pid, base_port).items()
                        if w not in pending and not any(stopped(p) for p in s.values())}
@@ -215,7 +229,7 @@ def run(args: argparse.Namespace) -> Dict:
         settle = time.monotonic() + 2 * STEP_TIMEOUT_S  # the last faults are noticed and restarted
         while pending and time.monotonic() < settle and trainer.poll() is None:
             for worker_id, fault in list(pending.items()):
-                if any(f"Restarting env worker {worker_id} " in line for line in log.after(fault.at)):
+                if any(restarts(line, worker_id) for line in log.after(fault.at)):
                     del pending[worker_id]
             time.sleep(0.5)
         restarted = time.monotonic()  # a summary after the last restart: its stats are written
@@ -238,9 +252,10 @@ def run(args: argparse.Namespace) -> Dict:
     report["model_saved"] = (run_dir / "Goal.onnx").exists()
     report["faults"] = {kind: sum(f.kind == kind for f in faults) for kind in KINDS}
     report["faults_total"] = len(faults)
+    report["restarts_logged"] = sum("Restarting " in line for line in text.splitlines())
     unexplained = []
     for fault in faults:
-        lines = [line for line in log.after(fault.at) if f"Restarting env worker {fault.worker_id} " in line]
+        lines = [line for line in log.after(fault.at) if restarts(line, fault.worker_id)]
         if not (lines and re.search(fault.expect, lines[0])):
             unexplained.append(f"{fault.kind} on worker {fault.worker_id} (pid {fault.pid}): "
                                + (lines[0].strip()[:300] if lines else "no restart logged"))

@@ -56,14 +56,14 @@ def make_env_manager(
     n_env: int = 1,
 ) -> EnvManager:
     """What ``mlagents-learn`` calls instead of ``SubprocessEnvManager(...)``."""
-    settings = _settings.resolved(run_options)
-    if not settings.enabled:
-        ignored = settings.ignored_when_disabled()
+    if not _settings.enabled:
+        ignored = _settings.ignored_when_disabled()
         logger.info(
             f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager"
             + (f"; these settings do not apply to it: {', '.join(ignored)}." if ignored else ".")
         )
         return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)
+    settings = _settings.resolved(run_options)
     if settings.env is not None:
         if run_options.env_settings.env_path is not None:
             raise TrainerConfigError(

@@ -35,3 +35,16 @@ def test_quick_ray_benchmark_runs_on_the_session_cluster(ray_cluster, tmp_path):
     report = quick_bench(tmp_path, "--only", "ray", "--ray-address", ray_cluster.address)
     assert all(row["results"]["ray"]["env_steps_per_s"] > 0 for row in report["ray"])
     ray_cluster.assert_no_outside_connects()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_a_short_chaos_run_passes(tmp_path):
+    """benchmarks/chaos.py for 20 s: every fault explained and counted, nothing left."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "chaos.py"), "--duration", "20", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=380,
+    )
+    assert result.returncode == 0 and "PASSED" in result.stdout, result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.loads(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
+    assert report["faults_total"] >= 3 and not report["unexplained"]
