@@ -35,7 +35,7 @@ setup(
         "ray": ["ray==2.60.0"],
     },
     entry_points={
-        "mlagents.trainer_type": ["mlagents_plugin = mlagents_plugin.plugin:register"],
+        "mlagents.trainer_type": ["mlagents_plugin = mlagents_plugin.integration.plugin:register"],
         "pytest11": ["mlagents_plugin = mlagents_plugin.testing.pytest_plugin"],
         "console_scripts": ["mlagents-plugin-player = mlagents_plugin.player.__main__:main"],
     },

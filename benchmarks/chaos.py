@@ -139,7 +139,7 @@ def stopped(process: psutil.Process) -> bool:
 
 def leftovers(trainer_pid: int, run_dir: Path) -> Dict[str, list]:
     sys.path.insert(0, str(REPO))
-    from mlagents_plugin import processes
+    from mlagents_plugin.local import processes
 
     procs = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
     for proc in psutil.process_iter():

@@ -5,7 +5,7 @@ from typing import Dict, List
 import psutil
 from mlagents.trainers.settings import RunOptions
 
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 

@@ -9,8 +9,8 @@ from typing import Dict, List
 
 from mlagents.trainers.settings import RunOptions
 
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 
@@ -34,7 +34,7 @@ def death(n_env: int) -> Dict[str, float]:
         EnvManagerSettings(restart_backoff_s=0.0),
     )
     handler = _FirstRestart()
-    logging.getLogger("mlagents_plugin.manager").addHandler(handler)
+    logging.getLogger("mlagents_plugin.core.manager").addHandler(handler)
     try:
         manager.reset({})
         for _ in range(20):
@@ -52,7 +52,7 @@ def death(n_env: int) -> Dict[str, float]:
             raise RuntimeError(f"worker {victim} was not restarted within 60 s")
         return {"detection_ms": 1000 * (handler.at - killed_at), "restart_to_first_step_ms": 1000 * (back_at - killed_at)}
     finally:
-        logging.getLogger("mlagents_plugin.manager").removeHandler(handler)
+        logging.getLogger("mlagents_plugin.core.manager").removeHandler(handler)
         manager.close()
 
 

@@ -15,9 +15,9 @@ from typing import Dict, List, Optional
 
 from mlagents.trainers.settings import RunOptions
 
-from mlagents_plugin import ray_local
-from mlagents_plugin.ray_backend import RayEnvManager
-from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.ray import local as ray_local
+from mlagents_plugin.ray.backend import RayEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.testing import HangingEnvironment, SimpleEnvironment, make_factory
 
 SETTINGS = dict(backend="ray", restart_backoff_s=0.0, ray={"num_cpus_per_worker": 1})
@@ -56,7 +56,7 @@ def _watch(logger: str, text: str) -> _FirstLog:
 
 def actor_killed() -> Dict[str, float]:
     manager = RayEnvManager(make_factory(SimpleEnvironment, step_sleep_s=0.001), RunOptions(), 4, EnvManagerSettings(**SETTINGS))
-    restart = _watch("mlagents_plugin.manager", "Restarting env worker")
+    restart = _watch("mlagents_plugin.core.manager", "Restarting env worker")
     try:
         manager.reset({})
         for _ in range(50):
@@ -66,28 +66,28 @@ def actor_killed() -> Dict[str, float]:
         back = _until_worker_steps(manager, [3], killed)
         return {"noticed_ms": 1000 * (restart.at - killed), "first_step_ms": 1000 * (back - killed)}
     finally:
-        logging.getLogger("mlagents_plugin.manager").removeHandler(restart)
+        logging.getLogger("mlagents_plugin.core.manager").removeHandler(restart)
         manager.close()
 
 
 def worker_hung() -> Dict[str, float]:
     factory = make_factory(HangingEnvironment, after_steps=30, only_worker=1)
     manager = RayEnvManager(factory, RunOptions(), 2, EnvManagerSettings(step_timeout_s=2.0, **SETTINGS))
-    zombie = _watch("mlagents_plugin.ray_backend", "Zombie worker report")
+    zombie = _watch("mlagents_plugin.ray.backend", "Zombie worker report")
     try:
         manager.reset({})
         started = time.perf_counter()
         back = _until_worker_steps(manager, [1], started)
         return {"timeout_to_first_step_ms": 1000 * (back - zombie.at)}
     finally:
-        logging.getLogger("mlagents_plugin.ray_backend").removeHandler(zombie)
+        logging.getLogger("mlagents_plugin.ray.backend").removeHandler(zombie)
         manager.close()
 
 
 def node_lost(cluster) -> Dict[str, float]:
     node = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=8)
     manager = RayEnvManager(make_factory(SimpleEnvironment), RunOptions(), 2, EnvManagerSettings(**SETTINGS))
-    restart = _watch("mlagents_plugin.manager", "Restarting env worker")
+    restart = _watch("mlagents_plugin.core.manager", "Restarting env worker")
     try:
         manager.reset({})
         for _ in range(50):
@@ -98,7 +98,7 @@ def node_lost(cluster) -> Dict[str, float]:
         back = _until_worker_steps(manager, lost, removed)
         return {"noticed_ms": 1000 * (restart.at - removed), "first_step_ms": 1000 * (back - removed)}
     finally:
-        logging.getLogger("mlagents_plugin.manager").removeHandler(restart)
+        logging.getLogger("mlagents_plugin.core.manager").removeHandler(restart)
         manager.close()
 
 

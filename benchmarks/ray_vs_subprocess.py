@@ -9,8 +9,8 @@ from harness import Scenario, side_by_side
 from mlagents.trainers.settings import RunOptions
 from steppers import Factory, ManagerStepper, Stepper
 
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.supervisor import SupervisedEnvManager
 
 SCENARIOS = [
     Scenario("cheap, 1 agent", dict(num_agents=1), (1, 4)),
@@ -23,7 +23,7 @@ RAY_SETTINGS = EnvManagerSettings(backend="ray", ray={"num_cpus_per_worker": 1})
 
 
 def _makers(factory: Factory, n_env: int) -> List[Callable[[], Stepper]]:
-    from mlagents_plugin.ray_backend import RayEnvManager
+    from mlagents_plugin.ray.backend import RayEnvManager
 
     return [
         lambda: ManagerStepper("subprocess", SupervisedEnvManager(factory, RunOptions(), n_env)),
@@ -38,7 +38,7 @@ def _line(row: Dict) -> str:
 
 
 def run(quick: bool) -> List[Dict]:
-    from mlagents_plugin import ray_local
+    from mlagents_plugin.ray import local as ray_local
 
     # one Ray for the whole section, which every manager shares (NOTE [ Sharing Ray in one process ])
     leave_ray = ray_local.connect(ADDRESS, num_cpus=16, resources={})

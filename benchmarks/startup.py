@@ -34,7 +34,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
     from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
     from mlagents_plugin.player.build import make_build
-    from mlagents_plugin.supervisor import SupervisedEnvManager
+    from mlagents_plugin.local.supervisor import SupervisedEnvManager
     from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
     register_trainer_plugins()

@@ -17,8 +17,8 @@ from mlagents.trainers.env_manager import EnvManager
 from mlagents.trainers.settings import RunOptions
 from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.supervisor import SupervisedEnvManager
 
 Factory = Callable[..., object]
 

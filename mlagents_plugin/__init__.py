@@ -1,7 +1,7 @@
 """mlagents-plugin: a supervised env manager for Unity ML-Agents.
 
 Public names are imported lazily (PEP 562), so that a worker process importing
-``mlagents_plugin.worker`` does not pay for torch and the trainer.
+``mlagents_plugin.local.worker`` does not pay for torch and the trainer.
 """
 import importlib
 from typing import Any
@@ -9,13 +9,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "SupervisedEnvManager": "mlagents_plugin.supervisor",
-    "RayEnvManager": "mlagents_plugin.ray_backend",  # needs the [ray] extra
-    "EnvManagerSettings": "mlagents_plugin.settings",
-    "EnvWorkerError": "mlagents_plugin.errors",
-    "WorkerDiedError": "mlagents_plugin.errors",
-    "WorkerTimeoutError": "mlagents_plugin.errors",
-    "RemoteWorkerError": "mlagents_plugin.errors",
+    "SupervisedEnvManager": "mlagents_plugin.local.supervisor",
+    "RayEnvManager": "mlagents_plugin.ray.backend",  # needs the [ray] extra
+    "EnvManagerSettings": "mlagents_plugin.core.settings",
+    "EnvWorkerError": "mlagents_plugin.core.errors",
+    "WorkerDiedError": "mlagents_plugin.core.errors",
+    "WorkerTimeoutError": "mlagents_plugin.core.errors",
+    "RemoteWorkerError": "mlagents_plugin.core.errors",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -78,7 +78,8 @@ def _check_runtime() -> List[str]:
         importlib.import_module("mlagents.trainers.learn")
     except Exception as e:  # any import failure is the answer to report
         return [f"`mlagents-learn` cannot start: importing mlagents.trainers.learn raised {e!r}"]
-    from mlagents_plugin import compat, fast_protobuf
+    from mlagents_plugin import fast_protobuf
+    from mlagents_plugin.integration import compat
 
     problems += compat.check()
     warning = fast_protobuf.slow_backend_warning()

@@ -9,7 +9,8 @@ from typing import Iterator, List
 import psutil
 import pytest
 
-from mlagents_plugin import processes, wire
+from mlagents_plugin.local import processes
+from mlagents_plugin.core import wire
 
 # multiprocessing's own long-lived helpers, started once per test process and shared by tests.
 # (The process's reaper is not a descendant: NOTE [ No orphans ].)
@@ -116,7 +117,7 @@ def _assert_empty(netguard_log: Path) -> None:
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory) -> Iterator[RayTestCluster]:
     """Started once per test session (tests that use it share one xdist worker: xdist_group)."""
-    from mlagents_plugin import ray_local
+    from mlagents_plugin.ray import local as ray_local
 
     netguard_log = tmp_path_factory.mktemp("netguard") / "netguard.log"
     if (NETGUARD_DIR / "sitecustomize.py").exists():

@@ -6,7 +6,7 @@ from mlagents.trainers.settings import NetworkSettings
 from mlagents.trainers.stats import StatsReporter
 from mlagents.trainers.torch_entities.networks import SimpleActor
 
-from mlagents_plugin import compat
+from mlagents_plugin.integration import compat
 from mlagents_plugin.testing import SimpleEnvironment
 
 

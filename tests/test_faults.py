@@ -18,8 +18,8 @@ from mlagents_envs.exception import (
 )
 from mlagents_envs.rpc_communicator import RpcCommunicator
 
-from mlagents_plugin.errors import RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
-from mlagents_plugin.restart import Cause, RestartPolicy
+from mlagents_plugin.core.errors import RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
+from mlagents_plugin.core.restart import Cause, RestartPolicy
 from mlagents_plugin.testing import (
     HangingEnvironment,
     HardExitEnvironment,

@@ -23,8 +23,8 @@ from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 
 from mlagents_plugin.player import cli
 from mlagents_plugin.player.build import make_build
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.supervisor import SupervisedEnvManager
 
 
 @pytest.fixture(scope="module")

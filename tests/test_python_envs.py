@@ -7,8 +7,9 @@ import types
 import pytest
 from mlagents.trainers.exception import TrainerConfigError
 
-from mlagents_plugin import python_envs
-from mlagents_plugin.settings import parse_section
+from mlagents_plugin.core import factories
+from mlagents_plugin.integration import python_envs
+from mlagents_plugin.core.settings import parse_section
 
 SOURCE = textwrap.dedent(
     """
@@ -59,7 +60,7 @@ def test_factory_from_a_module_a_fresh_process_cannot_import(
 
 def test_importable_factories_are_pickled_by_reference():
     factory = python_envs.make_env_factory("mlagents_plugin.testing:simple_env", {})
-    assert b"mlagents_plugin.testing.simple_env" in python_envs.dumps_factory(factory)
+    assert b"mlagents_plugin.testing.simple_env" in factories.dumps_factory(factory)
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,9 @@ import pytest
 from mlagents.trainers.settings import RunOptions
 from mlagents.trainers.learn import create_environment_factory
 
-from mlagents_plugin.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
+from mlagents_plugin.core.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
 from mlagents_plugin.player.build import make_build
-from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.testing import (
     HangingEnvironment,
     PlayerLaunchingEnvironment,
@@ -30,7 +30,7 @@ from mlagents_plugin.testing import (
 from mlagents_plugin.testing.training import check_environment_trains, train
 from helpers import free_port_block, run_learn, write_config
 
-from mlagents_plugin.ray_backend import RayEnvManager
+from mlagents_plugin.ray.backend import RayEnvManager
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
@@ -289,8 +289,8 @@ TRAINER_ON_LOCAL_RAY = """
 import os, sys
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
-from mlagents_plugin.ray_backend import RayEnvManager
-from mlagents_plugin.settings import EnvManagerSettings
+from mlagents_plugin.ray.backend import RayEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
 if __name__ == "__main__":
     build, port = sys.argv[1], int(sys.argv[2])
     factory = create_environment_factory(

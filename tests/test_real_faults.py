@@ -14,8 +14,8 @@ import psutil
 import pytest
 from mlagents.trainers.exception import TrainerConfigError
 
-from mlagents_plugin.errors import RemoteTraceback, WorkerDiedError
-from mlagents_plugin.settings import parse_section
+from mlagents_plugin.core.errors import RemoteTraceback, WorkerDiedError
+from mlagents_plugin.core.settings import parse_section
 from mlagents_plugin.testing import (
     HangingEnvironment,
     SimpleEnvironment,
@@ -123,7 +123,7 @@ TRAINER_SCRIPT = textwrap.dedent("""
     from mlagents_plugin import SupervisedEnvManager, EnvManagerSettings
     from mlagents_plugin.testing import HangingEnvironment, make_factory
     if __name__ == "__main__":
-        factory = make_factory(HangingEnvironment, in_c=True, after_steps=3, only_worker=1)
+        factory = make_factory(HangingEnvironment, in_c=True, after_steps=3, only_worker=1, once_file=sys.argv[1])
         manager = SupervisedEnvManager(factory, RunOptions(), 2, EnvManagerSettings(step_timeout_s=600))
         manager.reset()
         print(" ".join(map(str, manager.worker_pids.values())), flush=True)
@@ -138,13 +138,16 @@ def test_a_worker_spinning_in_c_dies_with_its_sigkilled_trainer(tmp_path):
     its own, kills the worker (NOTE [ No orphans ])."""
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT)
-    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    spinning = tmp_path / "spinning"  # created as the env enters the regex
+    trainer = subprocess.Popen([sys.executable, str(script), str(spinning)], stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(pid) for pid in trainer.stdout.readline().split()]
-        spinning = psutil.Process(workers[1])
-        deadline = time.monotonic() + 20
-        while spinning.cpu_percent(interval=0.5) < 80:  # stuck in the regex
+        deadline = time.monotonic() + 30
+        while not spinning.exists():
             assert time.monotonic() < deadline, "the worker never started spinning"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert psutil.Process(workers[1]).status() == psutil.STATUS_RUNNING  # in C, not asleep
         trainer.kill()  # the trainer alone, as the OOM killer would
         trainer.wait()
         assert gone_within(workers, 5.0), "a worker outlived its trainer"

@@ -18,7 +18,7 @@ from helpers import (
     write_config,
 )
 
-from mlagents_plugin import processes
+from mlagents_plugin.local import processes
 from mlagents_plugin.player.build import make_build
 
 pytestmark = pytest.mark.e2e

@@ -7,8 +7,8 @@ from mlagents.trainers.exception import TrainerConfigError
 from mlagents.trainers.settings import RunOptions
 from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
-from mlagents_plugin import plugin
-from mlagents_plugin.settings import EnvManagerSettings, parse_section
+from mlagents_plugin.integration import plugin
+from mlagents_plugin.core.settings import EnvManagerSettings, parse_section
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 
@@ -57,11 +57,11 @@ def test_asking_for_ray_without_ray_says_how_to_install_it():
         "import sys; sys.modules['ray'] = None\n"
         "import mlagents_plugin\n"
         "try:\n"
-        "    import mlagents_plugin.ray_backend\n"
+        "    import mlagents_plugin.ray.backend\n"
         "except ImportError as e:\n"
         "    print(e)\n"
-        "from mlagents_plugin import plugin\n"
-        "from mlagents_plugin.settings import EnvManagerSettings\n"
+        "from mlagents_plugin.integration import plugin\n"
+        "from mlagents_plugin.core.settings import EnvManagerSettings\n"
         "try:\n"
         "    plugin._manager_class(EnvManagerSettings(backend='ray'))\n"
         "except Exception as e:\n"

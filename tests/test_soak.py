@@ -4,8 +4,8 @@ import collections
 import pytest
 from mlagents.trainers.settings import RunOptions
 
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.supervisor import SupervisedEnvManager
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.testing import RandomFaultEnvironment, make_factory
 from mlagents_plugin.testing.training import train
 

@@ -9,7 +9,7 @@ import pytest
 from mlagents.trainers.settings import ConstantSettings
 from mlagents_envs.exception import UnityCommunicationException
 
-from mlagents_plugin.errors import RemoteTraceback, WorkerDiedError
+from mlagents_plugin.core.errors import RemoteTraceback, WorkerDiedError
 from mlagents_plugin.testing import (
     HangingEnvironment,
     HardExitEnvironment,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import leftover_segments
 
-from mlagents_plugin import wire
+from mlagents_plugin.core import wire
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 VISUAL = dict(num_agents=32, visual_shape=(3, 84, 84))

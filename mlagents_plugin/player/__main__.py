@@ -9,7 +9,7 @@ from typing import List, Optional
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: it prints a notice on every close
 
-from mlagents_plugin import processes  # noqa: E402
+from mlagents_plugin.local import processes  # noqa: E402
 from mlagents_plugin.player import cli  # noqa: E402
 from mlagents_plugin.player.academy import Academy  # noqa: E402
 from mlagents_plugin.player.build import make_build  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 if TYPE_CHECKING:
     from mlagents.trainers.settings import RunOptions
 
-    from mlagents_plugin.supervisor import SupervisedEnvManager
+    from mlagents_plugin.local.supervisor import SupervisedEnvManager
 
 
 @pytest.fixture
@@ -27,8 +27,8 @@ def env_manager_factory(
     run_options: "RunOptions",
 ) -> Iterator[Callable[..., "SupervisedEnvManager"]]:
     """``make(env_factory, n_env=1, **settings)`` -> a SupervisedEnvManager closed at teardown."""
-    from mlagents_plugin.settings import EnvManagerSettings
-    from mlagents_plugin.supervisor import SupervisedEnvManager
+    from mlagents_plugin.core.settings import EnvManagerSettings
+    from mlagents_plugin.local.supervisor import SupervisedEnvManager
 
     managers: List[SupervisedEnvManager] = []
 

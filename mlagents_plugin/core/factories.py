@@ -1,72 +1,16 @@
-"""Python environments as envs: ``env_manager: {env: "package.module:factory", env_kwargs: {...}}``.
-
-The factory is called like ML-Agents' own env factories,
-``factory(worker_id, side_channels, **env_kwargs) -> BaseEnv``. It is resolved here, in the
-trainer, and shipped to the workers with cloudpickle (see NOTE [ Shipping env factories ]).
-"""
+"""How an env factory reaches a worker process, which may be a fresh interpreter or on another
+machine: cloudpickled, with what a fork server can preload (NOTE [ Shipping env factories ])."""
 import functools
-import importlib
 import importlib.metadata
 import io
 import os
 import pickle
 import sys
-import traceback
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, List, Optional, Set
 
 import cloudpickle
-from mlagents.trainers.exception import TrainerConfigError
-from mlagents_envs.base_env import BaseEnv
-from mlagents_envs.side_channel.side_channel import SideChannel
-
-EnvFactory = Callable[[int, List[SideChannel]], BaseEnv]
-
-
-def resolve(spec: str) -> Callable[..., BaseEnv]:
-    """Import ``package.module:factory`` in this process; say what is wrong if it cannot be used.
-
-    Run before ML-Agents creates the run folder, so that a fixed YAML runs again without
-    ``--force``.
-    """
-    module_name, _, attr_path = spec.partition(":")
-    where = f"env_manager.env: {spec!r}"
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and module_name.startswith(e.name):
-            raise TrainerConfigError(
-                f"{where}: there is no module '{e.name}'. Is it installed, or on PYTHONPATH "
-                "(or in the directory you run mlagents-learn from)?"
-            ) from None
-        raise TrainerConfigError(f"{where}: importing '{module_name}' failed: {_located(e)}") from None
-    except BaseException as e:  # SyntaxError, or whatever the module raises while it loads
-        raise TrainerConfigError(f"{where}: importing '{module_name}' failed: {_located(e)}") from None
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise TrainerConfigError(f"{where}: module '{module_name}' has no '{attr_path}'.") from None
-    if not callable(target):
-        raise TrainerConfigError(
-            f"{where}: '{attr_path}' is a {type(target).__name__}, not a function or class that "
-            "builds an env."
-        )
-    return target
-
-
-def _located(error: BaseException) -> str:
-    """``error`` with where it happened: the line of a SyntaxError, else the innermost frame."""
-    if isinstance(error, SyntaxError):
-        return f"SyntaxError at {error.filename}, line {error.lineno}: {error.msg}"
-    frames = traceback.extract_tb(error.__traceback__)
-    at = f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
-    return f"{type(error).__name__}: {error}{at}"
-
-
-def make_env_factory(spec: str, env_kwargs: Dict[str, Any]) -> EnvFactory:
-    return functools.partial(resolve(spec), **env_kwargs)
 
 
 # NOTE [ Shipping env factories ]

@@ -14,11 +14,12 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 from mlagents_envs import logging_util
 
-from mlagents_plugin import processes
-from mlagents_plugin.protocol import EnvironmentCommand, EnvironmentRequest, pack
-from mlagents_plugin.readiness import Readiness
-from mlagents_plugin.shutdown import Ladder
-from mlagents_plugin.worker import WorkerSpec, start_worker
+from mlagents_plugin.local import processes
+from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentRequest, pack
+from mlagents_plugin.local.readiness import Readiness
+from mlagents_plugin.local.shutdown import Ladder
+from mlagents_plugin.core.protocol import WorkerSpec
+from mlagents_plugin.local.worker import start_worker
 
 logger = logging_util.get_logger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 from mlagents_envs.side_channel.stats_side_channel import StatsAggregationMethod
 
-from mlagents_plugin.restart import Cause
+from mlagents_plugin.core.restart import Cause
 
 PREFIX = "Environment/Env Workers"
 REPORT_INTERVAL_S = 1.0

@@ -27,7 +27,7 @@ import psutil
 from mlagents_envs import env_utils
 from mlagents_envs.exception import UnityEnvironmentException
 
-from mlagents_plugin import processes
+from mlagents_plugin.local import processes
 
 
 LOG_TAIL_LINES = 10

@@ -31,8 +31,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from mlagents_envs.base_env import DecisionSteps, TerminalSteps
 
-from mlagents_plugin.protocol import EncodedSteps
-from mlagents_plugin.reaper import SEGMENT_ROOT
+from mlagents_plugin.core.protocol import EncodedSteps
+from mlagents_plugin.local.reaper import SEGMENT_ROOT
 
 SHARED_MEMORY_MIN_BYTES = 64 * 1024
 SEGMENT_PREFIX = SEGMENT_ROOT  # + trainer pid, manager token, worker id, incarnation

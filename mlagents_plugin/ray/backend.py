@@ -16,14 +16,15 @@ from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import ray_local, signals
-from mlagents_plugin.errors import WorkerDiedError
-from mlagents_plugin.manager import Slot, SupervisedManagerBase, WorkerState, _name
-from mlagents_plugin.processes import describe_exit
-from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
-from mlagents_plugin.ray_actor import ActorReply, EnvWorkerActor
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.shutdown import Reason
+from mlagents_plugin.ray import local as ray_local
+from mlagents_plugin.core import signals
+from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.manager import Slot, SupervisedManagerBase, WorkerState, _name
+from mlagents_plugin.local.processes import describe_exit
+from mlagents_plugin.core.protocol import EnvironmentCommand, unpack_response
+from mlagents_plugin.ray.actor import ActorReply, EnvWorkerActor
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.shutdown import Reason
 
 INSTALL_HINT = (
     "The Ray backend needs Ray 2.60.0: pip install ray==2.60.0 (from a checkout of "

@@ -23,10 +23,7 @@ from mlagents_envs.exception import UnityEnvironmentException
 from mlagents_envs.side_channel.default_training_analytics_side_channel import (
     DefaultTrainingAnalyticsSideChannel,
 )
-from mlagents_envs.side_channel.engine_configuration_channel import (
-    EngineConfig,
-    EngineConfigurationChannel,
-)
+from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
 from mlagents_envs.side_channel.environment_parameters_channel import (
     EnvironmentParametersChannel,
 )
@@ -34,15 +31,18 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
-from mlagents_plugin import processes, signals, wire
-from mlagents_plugin.errors import BuildNotFoundError
-from mlagents_plugin.player_watch import PlayerWatch, hook_launches
-from mlagents_plugin.protocol import (
+from mlagents_plugin.local import processes
+from mlagents_plugin.core import signals
+from mlagents_plugin.core import wire
+from mlagents_plugin.core.errors import BuildNotFoundError
+from mlagents_plugin.local.player_watch import PlayerWatch, hook_launches
+from mlagents_plugin.core.protocol import (
     PARAMETER_METHODS,
     EnvironmentCommand,
     EnvironmentResponse,
     StepPayload,
     WorkerHello,
+    WorkerSpec,
     describe_stop,
     pack,
     unpack_request,
@@ -52,25 +52,6 @@ from mlagents_plugin.protocol import (
 logger = logging_util.get_logger(__name__)
 
 TIMER_REPORT_INTERVAL_S = 1.0
-
-
-class WorkerSpec(NamedTuple):
-    """Everything a worker process is started with."""
-
-    worker_id: int  # the trainer's index for this worker slot
-    incarnation: int  # how many times this slot was started before
-    env_worker_id: int  # passed to the env factory; a Unity build's port is base_port + this
-    pickled_env_factory: bytes
-    env_path: Optional[str]  # the Unity build the factory launches (--env), if any
-    engine_config: EngineConfig
-    # ML-Agents' "environment initialized" analytics message, for worker 0 only: sent if the
-    # env asks for training analytics, as upstream's worker 0 does
-    analytics: Optional[bytes]
-    log_level: int
-    owner_tag: str  # see NOTE [ No orphans ]
-    # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
-    # another machine, so everything goes through the pipe
-    segment_prefix: Optional[str]
 
 
 # NOTE [ Worker signals ]
@@ -144,7 +125,7 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, C
 #    for the ``start()`` call; the main module is untouched.)
 # 2. No trainer settings (NOTE [ Workers get no trainer settings ] in worker_inputs.py).
 # 3. Imports paid once. The fork server imports what every worker needs (``worker_preload``)
-#    and the modules the env factory is unpickled from (python_envs.modules_to_load: for a Unity
+#    and the modules the env factory is unpickled from (factories.modules_to_load: for a Unity
 #    build, mlagents-envs' UnityEnvironment with gRPC and protobuf), so each worker is a fork
 #    with all of it loaded, sharing those pages with its siblings. Under mlagents-learn the
 #    plugin starts the fork server as soon as it has read the YAML (plugin.py).

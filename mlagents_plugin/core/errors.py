@@ -10,7 +10,7 @@ from typing import Optional
 
 from mlagents_envs.exception import UnityCommunicationException, UnityEnvironmentException
 
-from mlagents_plugin.protocol import ExceptionEnvelope, StopReport
+from mlagents_plugin.core.protocol import ExceptionEnvelope, StopReport
 
 
 class EnvWorkerError(UnityCommunicationException):

@@ -48,7 +48,7 @@ from typing import IO, Callable, Iterable, List, Optional
 import psutil
 from mlagents_envs import logging_util
 
-from mlagents_plugin import reaper as reaper_script
+from mlagents_plugin.local import reaper as reaper_script
 
 logger = logging_util.get_logger(__name__)
 

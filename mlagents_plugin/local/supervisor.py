@@ -18,14 +18,17 @@ from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import processes, python_envs, signals, wire
-from mlagents_plugin.errors import WorkerDiedError
-from mlagents_plugin.manager import Slot, SupervisedManagerBase, WorkerState, _name
-from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
-from mlagents_plugin.readiness import Readiness
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.shutdown import Ladder, Reason
-from mlagents_plugin.worker import start_worker, worker_preload
+from mlagents_plugin.local import processes
+from mlagents_plugin.core import factories
+from mlagents_plugin.core import signals
+from mlagents_plugin.core import wire
+from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.manager import Slot, SupervisedManagerBase, WorkerState, _name
+from mlagents_plugin.core.protocol import EnvironmentCommand, unpack_response
+from mlagents_plugin.local.readiness import Readiness
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.shutdown import Ladder, Reason
+from mlagents_plugin.local.worker import start_worker, worker_preload
 
 logger = logging_util.get_logger(__name__)
 
@@ -62,7 +65,7 @@ class SupervisedEnvManager(SupervisedManagerBase):
         self._context = multiprocessing.get_context(self.settings.start_method)
         if self.settings.start_method == "forkserver":  # NOTE [ Worker start-up ]
             self._context.set_forkserver_preload(
-                worker_preload() + python_envs.modules_to_load(self._pickled_factory)
+                worker_preload() + factories.modules_to_load(self._pickled_factory)
             )
         token = secrets.token_hex(4)
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"

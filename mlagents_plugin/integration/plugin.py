@@ -14,14 +14,17 @@ from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
-from mlagents_plugin import compat, fast_protobuf, python_envs, signals
-from mlagents_plugin.settings import (
+from mlagents_plugin import fast_protobuf
+from mlagents_plugin.integration import compat
+from mlagents_plugin.integration import python_envs
+from mlagents_plugin.core import signals
+from mlagents_plugin.core.settings import (
     SECTION,
     EnvManagerSettings,
     parse_section,
     write_effective_settings,
 )
-from mlagents_plugin.supervisor import SupervisedEnvManager, start_fork_server
+from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)
 
@@ -89,7 +92,7 @@ def _manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
     if settings.backend == "subprocess":
         return SupervisedEnvManager
     try:
-        from mlagents_plugin.ray_backend import RayEnvManager
+        from mlagents_plugin.ray.backend import RayEnvManager
     except ImportError as e:
         raise TrainerConfigError(f"{SECTION}.backend is 'ray'. {e}") from None
     return RayEnvManager

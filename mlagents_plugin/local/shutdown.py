@@ -33,9 +33,9 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 from mlagents_envs import logging_util
 
-from mlagents_plugin import processes
-from mlagents_plugin.protocol import EnvironmentCommand, unpack_response
-from mlagents_plugin.readiness import Readiness
+from mlagents_plugin.local import processes
+from mlagents_plugin.core.protocol import EnvironmentCommand, unpack_response
+from mlagents_plugin.local.readiness import Readiness
 
 logger = logging_util.get_logger(__name__)
 

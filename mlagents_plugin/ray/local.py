@@ -24,8 +24,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from mlagents_plugin import processes
-from mlagents_plugin import reaper as reaper_script
+from mlagents_plugin.local import processes
+from mlagents_plugin.local import reaper as reaper_script
 
 LOOPBACK = "127.0.0.1"
 _DEAD_PORT = "http://127.0.0.1:9"  # discard: nothing listens, so a connect is refused at once

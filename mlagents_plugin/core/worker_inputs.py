@@ -20,7 +20,7 @@ from mlagents.trainers.settings import (
 )
 from mlagents_envs.side_channel.engine_configuration_channel import EngineConfig
 
-from mlagents_plugin.protocol import PARAMETER_METHODS, ParameterCall
+from mlagents_plugin.core.protocol import PARAMETER_METHODS, ParameterCall
 
 
 def engine_config(engine: EngineSettings) -> EngineConfig:

@@ -22,13 +22,13 @@ from mlagents_envs.exception import (
     UnityTimeOutException,
 )
 
-from mlagents_plugin.errors import (
+from mlagents_plugin.core.errors import (
     BuildNotFoundError,
     RemoteWorkerError,
     WorkerDiedError,
     WorkerTimeoutError,
 )
-from mlagents_plugin.protocol import qualified_name
+from mlagents_plugin.core.protocol import qualified_name
 
 # The exceptions upstream's SubprocessEnvManager restarts a worker after.
 UNITY_RESTARTABLE = (

@@ -22,29 +22,31 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin import compat, python_envs, worker_inputs
-from mlagents_plugin.errors import (
+from mlagents_plugin.integration import compat
+from mlagents_plugin.core import factories
+from mlagents_plugin.core import worker_inputs
+from mlagents_plugin.core.errors import (
     RemoteWorkerError,
     WorkerTimeoutError,
     error_from_stop,
     exception_from_envelope,
 )
-from mlagents_plugin.protocol import (
+from mlagents_plugin.core.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,
     EnvironmentResponse,
     ParameterCall,
     StepPayload,
     WorkerHello,
+    WorkerSpec,
     pack,
     qualified_name,
 )
-from mlagents_plugin.restart import Cause, RestartPolicy
-from mlagents_plugin.settings import EnvManagerSettings
-from mlagents_plugin.shutdown import Reason
-from mlagents_plugin.stats import HealthStats
-from mlagents_plugin.wire import Decoder
-from mlagents_plugin.worker import WorkerSpec
+from mlagents_plugin.core.restart import Cause, RestartPolicy
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.shutdown import Reason
+from mlagents_plugin.core.stats import HealthStats
+from mlagents_plugin.core.wire import Decoder
 
 logger = logging_util.get_logger(__name__)
 
@@ -115,7 +117,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             )
         self.run_options = run_options
         self.settings = (settings or EnvManagerSettings()).resolved(run_options)
-        self._pickled_factory = python_envs.dumps_factory(
+        self._pickled_factory = factories.dumps_factory(
             env_factory, other_machines=self.WORKERS_ON_OTHER_MACHINES
         )
         self.env_parameters: Optional[Dict] = None

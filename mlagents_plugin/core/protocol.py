@@ -15,6 +15,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 import cloudpickle
 from mlagents_envs.base_env import ActionTuple
+from mlagents_envs.side_channel.engine_configuration_channel import EngineConfig
 from mlagents_envs.side_channel.stats_side_channel import StatsAggregationMethod
 
 
@@ -61,6 +62,25 @@ PARAMETER_METHODS = (
     "set_multirangeuniform_sampler_parameters",
 )
 ParameterCall = Tuple[str, Tuple[Any, ...]]
+
+
+class WorkerSpec(NamedTuple):
+    """Everything a worker process is started with."""
+
+    worker_id: int  # the trainer's index for this worker slot
+    incarnation: int  # how many times this slot was started before
+    env_worker_id: int  # passed to the env factory; a Unity build's port is base_port + this
+    pickled_env_factory: bytes
+    env_path: Optional[str]  # the Unity build the factory launches (--env), if any
+    engine_config: EngineConfig
+    # ML-Agents' "environment initialized" analytics message, for worker 0 only: sent if the
+    # env asks for training analytics, as upstream's worker 0 does
+    analytics: Optional[bytes]
+    log_level: int
+    owner_tag: str  # see NOTE [ No orphans ] in local/processes.py
+    # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
+    # another machine, so everything goes through the pipe
+    segment_prefix: Optional[str]
 
 
 class WorkerHello(NamedTuple):
