@@ -62,7 +62,7 @@ def actor_killed() -> Dict[str, float]:
         for _ in range(50):
             manager.get_steps()
         killed = time.perf_counter()
-        os.kill(manager._slots[3].where[2], signal.SIGKILL)
+        os.kill(manager.placements[3].actor_pid, signal.SIGKILL)
         back = _until_worker_steps(manager, [3], killed)
         return {"noticed_ms": 1000 * (restart.at - killed), "first_step_ms": 1000 * (back - killed)}
     finally:
@@ -92,7 +92,7 @@ def node_lost(cluster) -> Dict[str, float]:
         manager.reset({})
         for _ in range(50):
             manager.get_steps()
-        lost = [s.worker_id for s in manager._slots if s.where[0] == node.node_id]
+        lost = [w for w, p in manager.placements.items() if p.node_id == node.node_id]
         removed = time.perf_counter()
         cluster.remove_node(node)
         back = _until_worker_steps(manager, lost, removed)

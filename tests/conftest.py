@@ -63,6 +63,12 @@ def new_leftovers(before: set, grace_s: float = 2.0) -> List[psutil.Process]:
         time.sleep(0.05)
 
 
+def pytest_configure(config) -> None:
+    """Before the test modules are imported: check the slots' invariants after every pump
+    (core/lifecycle.py), here and in every mlagents-learn the tests start."""
+    os.environ["MLAGENTS_PLUGIN_CHECK"] = "1"
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers():
     before = {p.pid for p in leftover_processes()}

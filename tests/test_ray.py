@@ -56,7 +56,8 @@ def ray_manager(ray_cluster):
     yield make
     pids = []
     for manager in managers:
-        pids += [slot.where[2] for slot in manager._slots if slot.where] + list(manager.worker_pids.values())
+        placements = manager.placements.values()
+        pids += [p.actor_pid for p in placements] + [p.pid for p in placements]
         manager.close()
     assert not _alive_after(pids, 5.0), "actors or env workers outlived close()"
     ray_cluster.assert_no_outside_connects()
@@ -175,7 +176,7 @@ def test_removed_node_has_its_actors_recreated_on_the_survivor(ray_cluster, ray_
         manager.reset()
         for _ in range(20):
             manager.get_steps()
-        nodes = {slot.worker_id: slot.where[0] for slot in manager._slots}
+        nodes = {worker_id: p.node_id for worker_id, p in manager.placements.items()}
         assert node.node_id in nodes.values() and len(set(nodes.values())) == 2
         lost = [w for w, n in nodes.items() if n == node.node_id]
     finally:
@@ -190,7 +191,7 @@ def test_removed_node_has_its_actors_recreated_on_the_survivor(ray_cluster, ray_
             stepped |= {step.worker_id for step in steps}
     assert manager.restart_counts == {"died": len(lost)}
     assert stepped >= set(lost), "the re-created actors never stepped"
-    assert all(slot.where[0] != node.node_id for slot in manager._slots)
+    assert all(p.node_id != node.node_id for p in manager.placements.values())
 
 
 @pytest.mark.timeout(180)
@@ -229,9 +230,9 @@ def test_mlagents_learn_trains_with_the_ray_backend(ray_cluster, tmp_path):
 
 
 def _actor_pid(manager: RayEnvManager, worker_id: int) -> int:
-    slot = manager._slots[worker_id]
-    assert slot.where is not None, f"worker {worker_id} has not started"
-    return slot.where[2]
+    placement = manager.placements.get(worker_id)
+    assert placement is not None, f"worker {worker_id} has not started"
+    return placement.actor_pid
 
 
 def _alive_after(pids, grace_s: float):

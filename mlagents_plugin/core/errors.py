@@ -46,6 +46,14 @@ class WorkerTimeoutError(EnvWorkerError):
     """A worker did not answer within its deadline."""
 
 
+class ManagerClosedError(RuntimeError):
+    """The env manager was used after ``close()``."""
+
+
+class AllWorkersFailedError(RuntimeError):
+    """Every env worker failed for good; the manager cannot step any more."""
+
+
 class BuildNotFoundError(UnityEnvironmentException):
     """``--env`` names no Unity build. Not restarted: starting again cannot make one appear."""
 

@@ -1,14 +1,11 @@
-"""What every backend's env manager shares: ML-Agents' EnvManager over supervised worker slots.
+"""ML-Agents' EnvManager over supervised worker slots: every decision, for every backend.
 
-A backend (supervisor.py: local processes; ray_backend.py: Ray actors) only says how a worker
-incarnation is started, how a request reaches it, how the trainer waits for replies and deaths,
-and how a worker is taken down. Everything else lives here, once: the step/reset logic,
-deadlines, the restart policy, port moves, dropping a failed worker's data, health stats, and
-closing whatever is still open at interpreter exit.
+Here, once: stepping and resetting, deadlines, the restart policy, port moves, dropping a failed
+worker's data, health stats, and closing whatever is still open at interpreter exit. A backend
+(core/backend.py) only starts, reaches, waits for and takes down workers; each slot's state
+changes only through its transitions (core/lifecycle.py).
 """
-import abc
 import atexit
-import enum
 import multiprocessing.util  # noqa: F401  registers its exit handler before ours: NOTE [ Interpreter exit ]
 import time
 from typing import Any, Callable, Dict, List, Optional, Set
@@ -22,19 +19,21 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin.integration import compat
-from mlagents_plugin.core import factories
-from mlagents_plugin.core import worker_inputs
+from mlagents_plugin.core import factories, signals, worker_inputs
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
 from mlagents_plugin.core.errors import (
+    AllWorkersFailedError,
+    ManagerClosedError,
     RemoteWorkerError,
     WorkerTimeoutError,
     error_from_stop,
     exception_from_envelope,
 )
+from mlagents_plugin.core.lifecycle import CHECK_INVARIANTS, Reason, Slot, WorkerState
+from mlagents_plugin.core.names import Placement, command_name
 from mlagents_plugin.core.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,
-    EnvironmentResponse,
     ParameterCall,
     StepPayload,
     WorkerHello,
@@ -44,9 +43,8 @@ from mlagents_plugin.core.protocol import (
 )
 from mlagents_plugin.core.restart import Cause, RestartPolicy
 from mlagents_plugin.core.settings import EnvManagerSettings
-from mlagents_plugin.local.shutdown import Reason
 from mlagents_plugin.core.stats import HealthStats
-from mlagents_plugin.core.wire import Decoder
+from mlagents_plugin.integration import compat
 
 logger = logging_util.get_logger(__name__)
 
@@ -55,60 +53,23 @@ MAX_WAIT_S = 1.0
 # How many times one worker may move to another worker id because its port is taken.
 MAX_PORT_MOVES = 8
 
-
-class WorkerState(enum.Enum):
-    STARTING = "starting"  # the worker runs; its env is being built
-    IDLE = "idle"  # no request outstanding
-    BUSY = "busy"  # a STEP or RESET is outstanding
-    RESTARTING = "restarting"  # failed; the next incarnation starts at ``restart_at``
-    FAILED = "failed"  # failed for good; its error went to the trainer
-    CLOSED = "closed"
+EnvFactory = Callable[[int, List[SideChannel]], BaseEnv]
 
 
-class Slot(abc.ABC):
-    """One worker slot; the worker in it is replaced on restart (a new incarnation).
-
-    Backends subclass it to hold how they reach the worker (a process and a pipe, an actor).
-    """
-
-    def __init__(self, worker_id: int):
-        self.worker_id = worker_id
-        self.env_worker_id = worker_id  # what the env factory gets; changes if the port is taken
-        self.incarnation = -1
-        self.state = WorkerState.CLOSED
-        self.pid: Optional[int] = None
-        self.awaiting: Optional[EnvironmentCommand] = None
-        self.sent_at = 0.0
-        self.deadline: Optional[float] = None
-        self.restart_at = 0.0
-        self.ever_started = False  # has any incarnation finished building its env?
-        self.last_command: Optional[EnvironmentCommand] = None
-        self.previous_step = EnvironmentStep.empty(worker_id)
-        self.previous_all_action_info: Dict[BehaviorName, ActionInfo] = {}
-        self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}
-        self.decoder = Decoder()  # of the current incarnation's step results
-
-    @property
-    def label(self) -> str:
-        return f"env worker {self.worker_id} (pid {self.pid})"
-
-    @property
-    @abc.abstractmethod
-    def live(self) -> bool:
-        """Whether an incarnation is running (or starting) in this slot."""
-
-
-class SupervisedManagerBase(EnvManager, abc.ABC):
-    # Whether workers may run on other machines (NOTE [ Shipping env factories ]).
-    WORKERS_ON_OTHER_MACHINES = False
+class SupervisedManagerBase(EnvManager):
+    """The manager over a backend; ``SupervisedEnvManager`` and ``RayEnvManager`` choose one."""
 
     def __init__(
         self,
-        env_factory: Callable[[int, List[SideChannel]], BaseEnv],
+        env_factory: EnvFactory,
         run_options: RunOptions,
         n_env: int,
         settings: Optional[EnvManagerSettings],
+        backend: Callable[[BackendSetup], Backend],
+        clock: Callable[[], float] = time.monotonic,
     ):
+        """``backend`` builds the transport (a Backend subclass); ``clock`` is injected by the
+        fast tests. Every worker is started before this returns."""
         super().__init__()
         if not callable(env_factory):
             raise TypeError(
@@ -117,82 +78,36 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             )
         self.run_options = run_options
         self.settings = (settings or EnvManagerSettings()).resolved(run_options)
-        self._pickled_factory = factories.dumps_factory(
-            env_factory, other_machines=self.WORKERS_ON_OTHER_MACHINES
-        )
+        self._clock = clock
+        other_machines = getattr(backend, "WORKERS_ON_OTHER_MACHINES", False)
+        self._pickled_factory = factories.dumps_factory(env_factory, other_machines=other_machines)
         self.env_parameters: Optional[Dict] = None
         self._parameter_calls: List[ParameterCall] = []  # env_parameters, as a worker applies them
         self._engine_config = worker_inputs.engine_config(run_options.engine_settings)
         self._analytics = worker_inputs.Analytics(run_options)
         self._restarts = RestartPolicy(
-            run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s
+            run_options.env_settings, self.settings.restart_on, self.settings.restart_backoff_s, clock
         )
-        self._slots = [self._new_slot(i) for i in range(n_env)]
+        self._slots = [Slot(i) for i in range(n_env)]
         self._spare_env_worker_id = n_env
         self._completed: List[EnvironmentStep] = []
-        self._health = HealthStats(n_env)
+        self._health = HealthStats(n_env, clock)
         self._closed = False
-
-    def _start_all(self) -> None:
-        """Start every slot; called by the backend once it is set up."""
+        self._backend = backend(BackendSetup(self.settings, n_env, self._pickled_factory, clock))
         _open_managers.add(self)
         try:
             for slot in self._slots:
-                self._start(slot)
+                self._launch(slot)
         except BaseException:
             self.close()
             raise
-
-    # ------------------------------------------------------------- what a backend provides
-
-    @abc.abstractmethod
-    def _new_slot(self, worker_id: int) -> Slot:
-        ...
-
-    @abc.abstractmethod
-    def _launch(self, slot: Slot) -> None:
-        """Start the slot's next incarnation (``slot.incarnation`` is already counted)."""
-
-    @abc.abstractmethod
-    def _deliver(self, slot: Slot, cmd: EnvironmentCommand, data: bytes) -> None:
-        """Send a packed request to the slot's worker; never raise if the worker is gone."""
-
-    @abc.abstractmethod
-    def _wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for replies and deaths; hand them to ``_handle`` and ``_fail``."""
-
-    @abc.abstractmethod
-    def _take_down(self, slot: Slot, reason: Reason) -> None:
-        """Start taking the slot's worker down, in bounded time; it is no longer ``live`` after."""
-
-    @abc.abstractmethod
-    def _leaving(self, slot: Slot) -> bool:
-        """Whether an earlier incarnation of the slot is still on its way out."""
-
-    @abc.abstractmethod
-    def _close_workers(self) -> None:
-        """Close every worker, bounded (called once, by ``close``)."""
-
-    @abc.abstractmethod
-    def _close_outcome(self, worker_id: int) -> str:
-        ...
-
-    def _next_backend_deadline(self) -> Optional[float]:
-        """When the backend next needs ``_pump`` to run, if ever."""
-        return None
-
-    def _advance_backend(self) -> None:
-        """Backend housekeeping after each wait (e.g. escalating workers that are leaving)."""
-
-    def _startup_hint(self) -> str:
-        return ""
 
     # ----------------------------------------------------------------- EnvManager interface
 
     def _step(self) -> List[EnvironmentStep]:
         self._queue_steps()
         while not self._completed:  # one wait returns every worker that is ready by then
-            self._pump(block=True)
+            self._pump()
         steps, self._completed = self._completed, []
         return self._with_health_stats(steps)
 
@@ -204,6 +119,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         for slot in self._slots:
             if slot.live and slot.awaiting is None:
                 self._request(slot, EnvironmentCommand.RESET)
+
         # One step per worker, as upstream. A worker that fails now is restarted (and reset) if
         # the policy allows, and its new incarnation's reset step is the one returned; if it is
         # not restarted, its error is raised from here.
@@ -242,9 +158,18 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         return result
 
     @property
+    def placements(self) -> Dict[int, Placement]:
+        """Where each running worker is, by worker id: its pid, and its node and actor on Ray."""
+        return {
+            s.worker_id: (s.placement or Placement(s.worker_id, None, "localhost"))._replace(pid=s.known_pid)
+            for s in self._slots
+            if s.live and s.known_pid is not None
+        }
+
+    @property
     def worker_pids(self) -> Dict[int, int]:
-        """The pid of each running worker, by worker id."""
-        return {s.worker_id: s.pid for s in self._slots if s.live and s.pid is not None}
+        """The pid of each running (or starting) worker, by worker id."""
+        return {worker_id: p.pid for worker_id, p in self.placements.items() if p.pid is not None}
 
     @property
     def restart_counts(self) -> Dict[str, int]:
@@ -256,7 +181,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         return counts
 
     def close(self) -> None:
-        """Close every worker, bounded (see the backend's ``_close_workers``). Idempotent.
+        """Close every worker, bounded: CLOSE, then the backend's ladder. Idempotent.
 
         It never raises: ``mlagents-learn`` writes its run logs (timers, training status) after
         it, and a second Ctrl-C here has done its job once the workers are killed.
@@ -265,18 +190,34 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             return
         self._closed = True
         _open_managers.discard(self)
+        interrupted = signals.interrupted_twice()  # NOTE [ Trainer signals ]
         try:
-            self._close_workers()
+            for slot in self._slots:
+                if slot.live:
+                    if interrupted:
+                        reason = Reason.INTERRUPTED
+                    elif slot.state is WorkerState.STARTING:
+                        reason = Reason.BUILDING
+                    else:
+                        reason = Reason.CLOSE
+                    slot.sent(EnvironmentCommand.CLOSE)
+                    self._backend.release(slot, reason)
+                slot.close()
+            self._backend.close(interrupted)
         except KeyboardInterrupt:
-            logger.warning("Interrupted again while closing: the env workers were killed at once.")
+            logger.warning("Interrupted again while closing: killing the env workers now.")
+            try:
+                self._backend.close(interrupted=True)
+            except KeyboardInterrupt:
+                pass
         except Exception:
             logger.exception(f"Closing the env workers of this {type(self).__name__} failed.")
         finally:
             for slot in self._slots:
-                slot.state = WorkerState.CLOSED
+                slot.close()
                 logger.info(
                     f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
-                    f"its last process {self._close_outcome(slot.worker_id)}."
+                    f"its last process {self._backend.outcome(slot.worker_id)}."
                 )
 
     # ------------------------------------------------------------------------ stepping
@@ -314,19 +255,12 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
 
     # ------------------------------------------------------------------ worker lifecycle
 
-    def _start(self, slot: Slot) -> None:
-        slot.incarnation += 1
-        slot.awaiting, slot.last_command = None, None
-        slot.previous_step = EnvironmentStep.empty(slot.worker_id)
-        slot.previous_all_action_info = {}
-        self._launch(slot)
-        slot.state = WorkerState.STARTING
-        slot.deadline = time.monotonic() + self.settings.startup_timeout_s
+    def _launch(self, slot: Slot) -> None:
+        slot.launch(self._clock(), self.settings.startup_timeout_s)
+        self._backend.launch(slot, self._worker_spec(slot))
 
-    def _worker_spec(
-        self, slot: Slot, owner_tag: str, segment_prefix: Optional[str]
-    ) -> WorkerSpec:
-        """What the slot's next worker process starts with; the transport adds its part."""
+    def _worker_spec(self, slot: Slot) -> WorkerSpec:
+        """What the slot's new incarnation starts with; the backend fills in its own part."""
         return WorkerSpec(
             worker_id=slot.worker_id,
             incarnation=slot.incarnation,
@@ -336,89 +270,78 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             engine_config=self._engine_config,
             analytics=self._analytics.environment_initialized if slot.worker_id == 0 else None,
             log_level=logger.getEffectiveLevel(),
-            owner_tag=owner_tag,
-            segment_prefix=segment_prefix,
+            owner_tag="",
+            segment_prefix=None,
         )
 
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
-        slot.last_command = cmd
-        self._deliver(slot, cmd, pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload)))
+        slot.sent(cmd)
+        data = pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload))
+        self._backend.deliver(slot, cmd, data)
 
     def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         """Send a request that has a reply (STEP, RESET), and start its clock."""
+        slot.request(cmd, self._clock(), self.settings.step_timeout_s)
         self._send(slot, cmd, payload)
-        slot.awaiting = cmd
-        slot.sent_at = time.monotonic()
-        if slot.state is not WorkerState.STARTING:  # a starting worker's clock runs already
-            slot.state = WorkerState.BUSY
-            slot.deadline = slot.sent_at + self.settings.step_timeout_s
-
-    def _retire(self, slot: Slot, reason: Reason) -> None:
-        """Take the slot's worker down and drop what the trainer held of it."""
-        slot.decoder.close()
-        slot.decoder = Decoder()
-        self._take_down(slot, reason)
-        slot.pid, slot.awaiting, slot.deadline = None, None, None
 
     # ------------------------------------------------------------------------- events
 
     def _pump_until(self, done: Callable[[], bool]) -> None:
         while not done():
-            self._pump(block=True)
+            self._pump()
 
     def _check_usable(self) -> None:
-        name = type(self).__name__
         if self._closed:
-            raise RuntimeError(f"This {name} is closed.")
+            raise ManagerClosedError(f"This {type(self).__name__} is closed.")
         if not any(s.live or s.state is WorkerState.RESTARTING for s in self._slots):
-            raise RuntimeError(
+            raise AllWorkersFailedError(
                 "Every env worker has failed (their errors were raised earlier); close this "
-                f"{name} and create a new one."
+                f"{type(self).__name__} and create a new one."
             )
 
-    def _pump(self, block: bool) -> None:
+    def _pump(self) -> None:
         """Wait once (bounded) for replies, deaths and deadlines, and handle them."""
         self._check_usable()
-        self._wait(self._time_to_next_deadline() if block else 0.0)
-        self._advance_backend()
+        for event in self._backend.wait(self._time_to_next_deadline()):
+            slot = event.slot
+            if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
+                if isinstance(event, Reply):
+                    self._handle(slot, event)
+                else:
+                    self._fail(slot, event.error)
+        self._backend.advance()
         self._check_deadlines()
         self._start_due_restarts()
+        if CHECK_INVARIANTS:
+            for slot in self._slots:
+                slot.check()
 
     def _time_to_next_deadline(self) -> float:
         deadlines = [s.deadline for s in self._slots if s.deadline is not None]
         deadlines += [s.restart_at for s in self._slots if s.state is WorkerState.RESTARTING]
-        backend_deadline = self._next_backend_deadline()
+        backend_deadline = self._backend.next_deadline()
         if backend_deadline is not None:
             deadlines.append(backend_deadline)
         if not deadlines:
             return MAX_WAIT_S
-        return min(MAX_WAIT_S, max(0.0, min(deadlines) - time.monotonic()))
+        return min(MAX_WAIT_S, max(0.0, min(deadlines) - self._clock()))
 
-    def _handle(self, slot: Slot, response: EnvironmentResponse) -> None:
-        if response.incarnation != slot.incarnation:
-            logger.debug(f"Dropped a {response.cmd.name} from a replaced {slot.label}.")
-            return
+    def _handle(self, slot: Slot, reply: Reply) -> None:
+        response = reply.response
         if response.cmd is EnvironmentCommand.READY:
             hello: WorkerHello = response.payload
-            slot.pid = hello.pid
-            slot.ever_started = True
             slot.behavior_specs.update(hello.behavior_specs or {})
-            if slot.awaiting is None:
-                slot.state, slot.deadline = WorkerState.IDLE, None
-            else:  # the queued request starts being served now
-                slot.state = WorkerState.BUSY
-                slot.sent_at = time.monotonic()
-                slot.deadline = slot.sent_at + self.settings.step_timeout_s
+            slot.ready(hello.pid, self._clock(), self.settings.step_timeout_s)
         elif response.cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
             payload: StepPayload = response.payload
             if payload.behavior_specs:
                 slot.behavior_specs.update(payload.behavior_specs)
             if payload.timer_root is not None:
-                self._merge_worker_timers(payload.timer_root)
+                merge_worker_timers(payload.timer_root)
             if response.cmd is EnvironmentCommand.RESET:
                 slot.previous_all_action_info = {}
             else:
-                self._health.stepped(slot.worker_id, time.monotonic() - slot.sent_at)
+                self._health.stepped(slot.worker_id, self._clock() - slot.sent_at)
             step = EnvironmentStep(
                 slot.decoder.decode(payload.all_step_result),
                 slot.worker_id,
@@ -426,7 +349,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
                 payload.environment_stats,
             )
             slot.previous_step = step
-            slot.state, slot.awaiting, slot.deadline = WorkerState.IDLE, None, None
+            slot.answered()
             self._completed.append(step)
         elif response.cmd is EnvironmentCommand.ENV_EXITED:
             self._fail(slot, exception_from_envelope(response.payload, slot.label))
@@ -434,31 +357,28 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             self._fail(slot, error_from_stop(response.payload, slot.label, slot.worker_id, slot.pid))
 
     def _check_deadlines(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         for slot in self._slots:
             if slot.live and slot.deadline is not None and now > slot.deadline:
                 if slot.state is WorkerState.STARTING:
                     setting = "startup_timeout_s"
                     what = (
                         f"did not finish building its env within startup_timeout_s="
-                        f"{self.settings.startup_timeout_s} s{self._startup_hint()}"
+                        f"{self.settings.startup_timeout_s} s{self._backend.startup_hint()}"
                     )
                 else:
                     setting = "step_timeout_s"
                     what = (
-                        f"did not answer {_name(slot.awaiting)} within step_timeout_s="
+                        f"did not answer {command_name(slot.awaiting)} within step_timeout_s="
                         f"{self.settings.step_timeout_s} s"
                     )
-                self._fail(
-                    slot,
-                    WorkerTimeoutError(
-                        f"{slot.label} {what}; it is hung, or the env is slower than the "
-                        f"timeout allows (raise env_manager.{setting} or --timeout-wait).",
-                        slot.worker_id,
-                        slot.pid,
-                    ),
-                    Reason.HUNG,
+                error = WorkerTimeoutError(
+                    f"{slot.label} {what}; it is hung, or the env is slower than the timeout "
+                    f"allows (raise env_manager.{setting} or --timeout-wait).",
+                    slot.worker_id,
+                    slot.pid,
                 )
+                self._fail(slot, error, Reason.HUNG)
 
     def _fail(self, slot: Slot, exc: BaseException, reason: Reason = Reason.CLOSE) -> None:
         """A worker failed: restart it if the policy allows, else raise ``exc`` to the trainer.
@@ -468,7 +388,7 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
         """
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
-        self._retire(slot, reason)
+        self._backend.release(slot, reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
             self._move_to_another_port(slot)
@@ -482,12 +402,11 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
                 f"Restarting env worker {worker_id} in {delay:.1f} s after "
                 f"{type(exc).__name__}: {exc}"
             )
-            slot.state = WorkerState.RESTARTING
-            slot.restart_at = time.monotonic() + delay
+            slot.restart(self._clock() + delay)
             return
-        slot.state = WorkerState.FAILED
         if cause is not Cause.OTHER:
             exc.add_note(self._restarts.explain_refusal(worker_id, slot.ever_started))
+        slot.fail()
         logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
         raise exc
 
@@ -505,32 +424,28 @@ class SupervisedManagerBase(EnvManager, abc.ABC):
             f"often by a Unity player left from an earlier run; moving to worker id {new} "
             f"(port {base_port + new})."
         )
-        slot.state = WorkerState.RESTARTING
-        slot.restart_at = time.monotonic()
+        slot.restart(self._clock())
 
     def _start_due_restarts(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         for slot in self._slots:
             if (
                 slot.state is WorkerState.RESTARTING
                 and now >= slot.restart_at
-                and not self._leaving(slot)  # one incarnation alive at a time
+                and not self._backend.departing(slot.worker_id)  # one incarnation at a time
             ):
-                self._start(slot)
+                self._launch(slot)
                 if self._parameter_calls:
                     self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
                 self._request(slot, EnvironmentCommand.RESET)
 
-    @staticmethod
-    def _merge_worker_timers(timer_root: Any) -> None:
-        if timer_root is None:
-            return
-        with hierarchical_timer("workers") as main_timer_node:
-            main_timer_node.merge(timer_root, root_name="worker_root", is_parallel=True)
 
-
-def _name(command: Optional[EnvironmentCommand]) -> str:
-    return command.name if command is not None else "none yet"
+def merge_worker_timers(timer_root: Any) -> None:
+    """Add a worker's timer tree to the trainer's, under ``workers`` (as upstream does)."""
+    if timer_root is None:
+        return
+    with hierarchical_timer("workers") as main_timer_node:
+        main_timer_node.merge(timer_root, root_name="worker_root", is_parallel=True)
 
 
 def _is_port_in_use(exc: BaseException) -> bool:
@@ -548,7 +463,7 @@ def _is_port_in_use(exc: BaseException) -> bool:
 # therefore runs before it: it closes every manager still open, ladder included, so nothing is
 # left for multiprocessing to wait for. (Ray registers its own exit handler when it is imported,
 # after this one, so it runs first and its actors go with the driver; a RayEnvManager closed
-# here then only says so: ray_backend.py.)
+# here then only says so: ray/backend.py.)
 _open_managers: Set[SupervisedManagerBase] = set()
 
 

@@ -12,7 +12,7 @@ import datetime
 import enum
 import time
 from collections import defaultdict
-from typing import Dict, List, NamedTuple, Sequence
+from typing import Callable, Dict, List, NamedTuple, Sequence
 
 from mlagents.trainers.settings import EnvironmentSettings
 from mlagents_envs.exception import (
@@ -81,12 +81,14 @@ class RestartPolicy:
         env_settings: EnvironmentSettings,
         restart_on: Sequence[str] = (),
         backoff_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.max_lifetime_restarts = env_settings.max_lifetime_restarts
         self.rate_limit_n = env_settings.restarts_rate_limit_n
         self.rate_limit_period_s = env_settings.restarts_rate_limit_period_s
         self.restart_on = tuple(restart_on)
         self.backoff_s = backoff_s
+        self.clock = clock
         self.history: Dict[int, List[RestartRecord]] = defaultdict(list)
 
     def classify(self, exc: BaseException) -> Cause:
@@ -108,7 +110,7 @@ class RestartPolicy:
         delay = 0.0 if recent == 0 else min(MAX_BACKOFF_S, self.backoff_s * 2 ** (recent - 1))
         self.history[worker_id].append(
             RestartRecord(
-                time.monotonic(), datetime.datetime.now(), cause, f"{type(exc).__name__}: {exc}"
+                self.clock(), datetime.datetime.now(), cause, f"{type(exc).__name__}: {exc}"
             )
         )
         return delay
@@ -136,5 +138,5 @@ class RestartPolicy:
         return f"Env worker {worker_id} has no restarts left ({limits}); {past}."
 
     def _recent(self, worker_id: int) -> int:
-        since = time.monotonic() - self.rate_limit_period_s
+        since = self.clock() - self.rate_limit_period_s
         return sum(1 for record in self.history[worker_id] if record.monotonic > since)

@@ -7,7 +7,7 @@ aggregated here and sent about once a second, not per step.
 """
 import collections
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from mlagents_envs.side_channel.stats_side_channel import StatsAggregationMethod
 
@@ -36,10 +36,11 @@ class WorkerHealth:
 
 
 class HealthStats:
-    def __init__(self, n_env: int):
+    def __init__(self, n_env: int, clock: Callable[[], float] = time.monotonic):
         self.workers = [WorkerHealth() for _ in range(n_env)]
         self._events: Dict[str, StatList] = collections.defaultdict(list)
-        self._last_report = time.monotonic()
+        self._clock = clock
+        self._last_report = clock()
 
     def stepped(self, worker_id: int, latency_s: float) -> None:
         health = self.workers[worker_id]
@@ -65,7 +66,7 @@ class HealthStats:
 
     def due(self) -> Dict[str, StatList]:
         """Stats to attach to the next step: events as they happen, latency once a second."""
-        now = time.monotonic()
+        now = self._clock()
         if not self._events and now - self._last_report < REPORT_INTERVAL_S:
             return {}
         stats, self._events = dict(self._events), collections.defaultdict(list)

@@ -33,22 +33,15 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 from mlagents_envs import logging_util
 
-from mlagents_plugin.local import processes
+from mlagents_plugin.core.lifecycle import Reason
+from mlagents_plugin.core.names import command_name, zombie_report
 from mlagents_plugin.core.protocol import EnvironmentCommand, unpack_response
+from mlagents_plugin.local import processes
 from mlagents_plugin.local.readiness import Readiness
 
 logger = logging_util.get_logger(__name__)
 
 KILL_WAIT_S = 0.5
-
-
-class Reason(enum.Enum):
-    """Why a worker is taken down, which decides where on the ladder it starts."""
-
-    CLOSE = "close"  # CLOSE was sent, or it reported a failure and closes its env by itself
-    HUNG = "hung"  # past its deadline: it would not read CLOSE
-    BUILDING = "building"  # still building its env: it reads nothing until the env exists
-    INTERRUPTED = "interrupted"  # a second Ctrl-C: NOTE [ Trainer signals ]
 
 
 class Stage(enum.Enum):
@@ -68,7 +61,7 @@ def _outcome(stage: Stage, exitcode: Optional[int]) -> str:
     return processes.describe_exit(exitcode, hint=False)
 
 
-class _Leaving:
+class _Departure:
     def __init__(
         self,
         key: Any,
@@ -98,7 +91,7 @@ class Ladder:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.kill_grace_s = kill_grace_s
         self.readiness = readiness  # shared with the supervisor: one wait covers both
-        self.leaving: List[_Leaving] = []
+        self.departures: List[_Departure] = []
         self.outcomes: Dict[Any, str] = {}  # how the last process under each key went
 
     def add(
@@ -114,14 +107,14 @@ class Ladder:
     ) -> None:
         """Start taking ``process`` down, where ``reason`` says (NOTE above). Once it is reaped,
         whatever it left running (its tagged processes, its snapshotted children) is killed."""
-        item = _Leaving(key, process, conn, label, owner_tag, last_command, on_closed)
+        item = _Departure(key, process, conn, label, owner_tag, last_command, on_closed)
         item.deadline = time.monotonic() + self.shutdown_timeout_s
-        self.leaving.append(item)
+        self.departures.append(item)
         self.readiness.watch(process.sentinel, None)
         if conn is not None:
             self.readiness.watch(conn, None)
         if reason is Reason.HUNG:
-            self._escalate(item, f"did not answer {_name(last_command)}")
+            self._escalate(item, f"did not answer {command_name(last_command)}")
         elif reason is Reason.BUILDING:
             logger.info(f"{label} is still building its env; stopping it with SIGTERM.")
             self._signal(item, Stage.TERM)
@@ -129,15 +122,15 @@ class Ladder:
             self._kill_now(item)
 
     def __contains__(self, key: Any) -> bool:
-        return any(item.key == key for item in self.leaving)
+        return any(item.key == key for item in self.departures)
 
     def next_deadline(self) -> Optional[float]:
-        return min((item.deadline for item in self.leaving), default=None)
+        return min((item.deadline for item in self.departures), default=None)
 
     def advance(self) -> None:
         """Drain pipes, escalate what is past its deadline, reap what exited."""
         now = time.monotonic()
-        for item in list(self.leaving):
+        for item in list(self.departures):
             self._drain(item)
             if not item.process.is_alive():
                 self._reap(item, _outcome(item.stage, item.process.exitcode))
@@ -158,7 +151,7 @@ class Ladder:
 
     def run(self) -> None:
         """Drive every process to reaped. Returns within shutdown_timeout_s + kill_grace_s + KILL_WAIT_S."""
-        while self.leaving:
+        while self.departures:
             self.advance()
             deadline = self.next_deadline()
             if deadline is None:
@@ -167,24 +160,22 @@ class Ladder:
 
     def force(self) -> None:
         """SIGKILL everything now (a second Ctrl-C), then reap within KILL_WAIT_S."""
-        for item in self.leaving:
+        for item in self.departures:
             if item.process.is_alive() and item.stage is not Stage.KILL:
                 self._kill_now(item)
         self.run()
 
-    def _kill_now(self, item: _Leaving) -> None:
+    def _kill_now(self, item: _Departure) -> None:
         logger.warning(f"{item.label} was killed at once on a second interrupt.")
         self._signal(item, Stage.KILL)
 
-    def _escalate(self, item: _Leaving, reason: str) -> None:
+    def _escalate(self, item: _Departure, reason: str) -> None:
         stage = Stage.TERM if item.stage is Stage.ASKED else Stage.KILL
-        logger.warning(
-            f"Zombie worker report: {item.label} {reason} (last command: "
-            f"{_name(item.last_command)}); sending {'SIGTERM' if stage is Stage.TERM else 'SIGKILL'}."
-        )
+        action = "sending SIGTERM" if stage is Stage.TERM else "sending SIGKILL"
+        logger.warning(zombie_report(item.label, reason, item.last_command, action))
         self._signal(item, stage)
 
-    def _signal(self, item: _Leaving, stage: Stage) -> None:
+    def _signal(self, item: _Departure, stage: Stage) -> None:
         item.descendants += processes.descendants(item.process.pid)
         try:
             if stage is Stage.TERM:
@@ -198,7 +189,7 @@ class Ladder:
             self.kill_grace_s if stage is Stage.TERM else KILL_WAIT_S
         )
 
-    def _drain(self, item: _Leaving) -> None:
+    def _drain(self, item: _Departure) -> None:
         conn = item.conn
         try:
             while conn is not None and conn.poll():
@@ -208,14 +199,14 @@ class Ladder:
         except Exception:  # EOF from a dead worker, or a reply too broken to matter now
             self._close_conn(item)
 
-    def _reap(self, item: _Leaving, outcome: str) -> None:
+    def _reap(self, item: _Departure, outcome: str) -> None:
         self.outcomes[item.key] = outcome
         self.readiness.forget(item.process.sentinel)
         item.process.join(timeout=0)
         if item.process.exitcode is not None:
             item.process.close()
         self._close_conn(item)
-        self.leaving.remove(item)
+        self.departures.remove(item)
         leftovers = processes.kill_leftovers(item.owner_tag, item.descendants)
         if leftovers:
             logger.warning(
@@ -223,12 +214,8 @@ class Ladder:
                 + ", ".join(f"pid {p.pid}" for p in leftovers)
             )
 
-    def _close_conn(self, item: _Leaving) -> None:
+    def _close_conn(self, item: _Departure) -> None:
         if item.conn is not None:
             self.readiness.forget(item.conn)
             item.conn.close()
             item.conn = None
-
-
-def _name(command: Optional[EnvironmentCommand]) -> str:
-    return command.name if command is not None else "none; it was starting"

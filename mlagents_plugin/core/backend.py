@@ -1,0 +1,90 @@
+"""What a backend is: how workers are started, reached, waited for and taken down.
+
+The manager (manager.py) holds every decision; a backend only moves bytes and processes. It
+gets the slot for each call, reads and may set ``slot.placement``, and reports what happened in
+``wait`` as events, which the manager handles: a backend never calls back into the manager.
+local/supervisor.py is the process backend, ray/backend.py the Ray one, and the fast tests drive
+the manager with an in-memory one (tests/fake_backend.py).
+"""
+import abc
+from typing import Callable, List, NamedTuple, Optional, Union
+
+from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.lifecycle import Reason, Slot
+from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentResponse, WorkerSpec
+from mlagents_plugin.core.settings import EnvManagerSettings
+
+
+class Reply(NamedTuple):
+    """A message from a worker incarnation."""
+
+    slot: Slot
+    incarnation: int
+    response: EnvironmentResponse
+
+
+class Death(NamedTuple):
+    """A worker incarnation ended without a word (a signal, an exit, a lost actor)."""
+
+    slot: Slot
+    incarnation: int
+    error: WorkerDiedError
+
+
+Event = Union[Reply, Death]
+
+
+class BackendSetup(NamedTuple):
+    """What a backend is built from."""
+
+    settings: EnvManagerSettings  # resolved
+    n_env: int
+    pickled_env_factory: bytes
+    clock: Callable[[], float]
+
+
+class Backend(abc.ABC):
+    # Whether workers may run on other machines (NOTE [ Shipping env factories ]).
+    WORKERS_ON_OTHER_MACHINES = False
+
+    @abc.abstractmethod
+    def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+        """Start the slot's new incarnation (``slot.incarnation``) from ``spec``; the backend
+        fills in its part of the spec (owner tag, shared memory)."""
+
+    @abc.abstractmethod
+    def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
+        """Send a packed request to the slot's worker; never raise if the worker is gone."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> List[Event]:
+        """Wait up to ``timeout`` seconds for replies and deaths; never longer."""
+
+    @abc.abstractmethod
+    def release(self, slot: Slot, reason: Reason) -> None:
+        """Start taking the slot's incarnation down, in bounded time, as ``reason`` says. Called
+        while the slot still describes it (label, last command)."""
+
+    @abc.abstractmethod
+    def departing(self, worker_id: int) -> bool:
+        """Whether an earlier incarnation of the slot is still on its way out."""
+
+    def next_deadline(self) -> Optional[float]:
+        """When the backend next needs ``advance``, if ever."""
+        return None
+
+    def advance(self) -> None:
+        """Housekeeping after each wait (escalating departures that are overdue)."""
+
+    @abc.abstractmethod
+    def close(self, interrupted: bool) -> None:
+        """Finish every departure, bounded (``interrupted``: kill at once), and let go of
+        everything the backend holds. Called once, after every live slot was released."""
+
+    @abc.abstractmethod
+    def outcome(self, worker_id: int) -> str:
+        """How the slot's last incarnation ended, for the close summary."""
+
+    def startup_hint(self) -> str:
+        """Added to a start-up timeout's message."""
+        return ""
