@@ -8,7 +8,7 @@ OVERRIDES := requirements/mlagents-py311.txt
 # loadgroup: the Ray tests (xdist_group "ray") share one worker, so Ray starts once.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install demo test bench chaos doctor clean
+.PHONY: install demo test test-fast lint bench chaos doctor clean
 
 install: $(STAMP)
 
@@ -32,8 +32,16 @@ $(STAMP): setup.py $(OVERRIDES)
 demo: $(STAMP)
 	$(BIN)/python -m mlagents_plugin.demo
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The process-free tests (the manager's logic on a fake backend, settings, wire format): < 60 s.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m fast -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py

@@ -30,7 +30,10 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "dev": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3"],
+        "dev": [
+            "pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3", "hypothesis>=6.100",
+            "ruff==0.17.6", "mypy==2.4.1",
+        ],
         # env workers as Ray actors (docs/ray.md); Ray core only, no dashboard stack
         "ray": ["ray==2.60.0"],
     },

@@ -552,7 +552,11 @@ def run_one(scenario: Scenario, manager_name: str) -> List[str]:
             since = now - (last if phase == "get_steps loop" and last else data.get("phase_at") or started)
             verdict.append(
                 f"**stalled > {now - started:.0f} s** in {phase}"
-                + (f" (get_steps had not returned for {since:.0f} s)" if phase == "get_steps loop" else f" ({since:.0f} s in it)")
+                + (
+                    f" (get_steps had not returned for {since:.0f} s)"
+                    if phase == "get_steps loop"
+                    else f" ({since:.0f} s in it)"
+                )
             )
         else:
             continue
@@ -575,7 +579,9 @@ def run_one(scenario: Scenario, manager_name: str) -> List[str]:
     leftovers += [p for p in (psutil_process(pid) for pid in players) if p is not None and p.pid not in left_pids]
     if leftovers:
         verdict.append(
-            f"**left running {SETTLE_S:.0f} s after the run ended: " + ", ".join(label(p, data, players) for p in leftovers) + "** (killed by this script)"
+            f"**left running {SETTLE_S:.0f} s after the run ended: "
+            + ", ".join(label(p, data, players) for p in leftovers)
+            + "** (killed by this script)"
         )
         kill_and_wait(leftovers)
     else:

@@ -32,8 +32,9 @@ def markdown(samples: List[Dict]) -> str:
     first, last = samples[0], samples[-1]
     rss = [s["rss_mb"] for s in samples]
     fds = {s["fds"] for s in samples}
+    every = samples[1]["steps"] - first["steps"] if len(samples) > 1 else 0
     return (
         f"4 workers, {last['steps']} env steps in {last['seconds']:.0f} s: trainer RSS {first['rss_mb']:.1f} MB "
         f"after {first['steps']} steps, {last['rss_mb']:.1f} MB at the end (min {min(rss):.1f}, max {max(rss):.1f}); "
-        f"open file descriptors: {', '.join(map(str, sorted(fds)))} (sampled every {samples[1]['steps'] - first['steps'] if len(samples) > 1 else 0} steps)."
+        f"open file descriptors: {', '.join(map(str, sorted(fds)))} (sampled every {every} steps)."
     )

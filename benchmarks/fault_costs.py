@@ -50,7 +50,10 @@ def death(n_env: int) -> Dict[str, float]:
                 break
         else:
             raise RuntimeError(f"worker {victim} was not restarted within 60 s")
-        return {"detection_ms": 1000 * (handler.at - killed_at), "restart_to_first_step_ms": 1000 * (back_at - killed_at)}
+        return {
+            "detection_ms": 1000 * (handler.at - killed_at),
+            "restart_to_first_step_ms": 1000 * (back_at - killed_at),
+        }
     finally:
         logging.getLogger("mlagents_plugin.core.manager").removeHandler(handler)
         manager.close()
@@ -108,5 +111,7 @@ def markdown(rows: List[Dict]) -> str:
         "| --- | --- | --- |",
     ]
     for row in lifecycle_rows:
-        out.append(f"| {row['what'].split(', ')[1]} | {spread(row['startup_s'], 's')} | {spread(row['close_s'], 's')} |")
+        out.append(
+            f"| {row['what'].split(', ')[1]} | {spread(row['startup_s'], 's')} | {spread(row['close_s'], 's')} |"
+        )
     return "\n".join(out)

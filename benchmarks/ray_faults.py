@@ -15,9 +15,9 @@ from typing import Dict, List, Optional
 
 from mlagents.trainers.settings import RunOptions
 
+from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.ray.backend import RayEnvManager
-from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.testing import HangingEnvironment, SimpleEnvironment, make_factory
 
 SETTINGS = dict(backend="ray", restart_backoff_s=0.0, ray={"num_cpus_per_worker": 1})
@@ -55,7 +55,9 @@ def _watch(logger: str, text: str) -> _FirstLog:
 
 
 def actor_killed() -> Dict[str, float]:
-    manager = RayEnvManager(make_factory(SimpleEnvironment, step_sleep_s=0.001), RunOptions(), 4, EnvManagerSettings(**SETTINGS))
+    manager = RayEnvManager(
+        make_factory(SimpleEnvironment, step_sleep_s=0.001), RunOptions(), 4, EnvManagerSettings(**SETTINGS)
+    )
     restart = _watch("mlagents_plugin.core.manager", "Restarting env worker")
     try:
         manager.reset({})

@@ -33,8 +33,8 @@ def _child(which: str, env: str, n_env: int) -> Dict:
     from mlagents.trainers.settings import RunOptions, TrainerSettings
     from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
-    from mlagents_plugin.player.build import make_build
     from mlagents_plugin.local.supervisor import SupervisedEnvManager
+    from mlagents_plugin.player.build import make_build
     from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
     register_trainer_plugins()
@@ -96,8 +96,14 @@ def _bare_mlagents_envs() -> Dict[str, float]:
     import psutil
 
     process = subprocess.Popen(
-        [sys.executable, "-c", "import mlagents_envs.environment, sys; sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import mlagents_envs.environment, sys; sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         process.stdout.readline()

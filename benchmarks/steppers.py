@@ -93,7 +93,9 @@ class RawPipeStepper(Stepper):
 
 def stepper_makers(names: List[str], factory: Factory, n_env: int) -> List[Callable[[], Stepper]]:
     makers: Dict[str, Callable[[], Stepper]] = {
-        "ours": lambda: ManagerStepper("ours", SupervisedEnvManager(factory, RunOptions(), n_env, EnvManagerSettings())),
+        "ours": lambda: ManagerStepper(
+            "ours", SupervisedEnvManager(factory, RunOptions(), n_env, EnvManagerSettings())
+        ),
         "upstream": lambda: ManagerStepper("upstream", SubprocessEnvManager(factory, RunOptions(), n_env)),
         "raw pipe": lambda: RawPipeStepper(factory, n_env),
         "in-process": lambda: InProcessStepper(factory),

@@ -33,14 +33,17 @@ def run(quick: bool) -> List[Dict]:
 def _line(row: Dict) -> str:
     parts = [f"{row['scenario']}, {row['workers']} worker(s):"]
     for name, r in row["results"].items():
-        parts.append(f"{name} {r['env_steps_per_s']:.0f}/s {r['trainer_cpu_us_per_env_step']:.0f}us {r['trainer_cores']:.2f}c")
+        parts.append(
+            f"{name} {r['env_steps_per_s']:.0f}/s {r['trainer_cpu_us_per_env_step']:.0f}us {r['trainer_cores']:.2f}c"
+        )
     return "  ".join(parts)
 
 
 def markdown(rows: List[Dict]) -> str:
     out = [
         "| Scenario | Workers | ours env steps/s | upstream | raw pipe | in-process | ours / raw | ours / upstream "
-        "| trainer CPU µs per env step: ours / upstream | trainer cores: ours / upstream | get_steps p99 ms: ours / upstream / raw |",
+        "| trainer CPU µs per env step: ours / upstream | trainer cores: ours / upstream "
+        "| get_steps p99 ms: ours / upstream / raw |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
@@ -50,7 +53,8 @@ def markdown(rows: List[Dict]) -> str:
         out.append(
             f"| {row['scenario']} | {row['workers']} | {ours['env_steps_per_s']:.0f} | {up['env_steps_per_s']:.0f} "
             f"| {raw['env_steps_per_s']:.0f} | {inproc} "
-            f"| {ours['env_steps_per_s'] / raw['env_steps_per_s']:.2f} | {ours['env_steps_per_s'] / up['env_steps_per_s']:.2f} "
+            f"| {ours['env_steps_per_s'] / raw['env_steps_per_s']:.2f} "
+            f"| {ours['env_steps_per_s'] / up['env_steps_per_s']:.2f} "
             f"| {ours['trainer_cpu_us_per_env_step']:.0f} / {up['trainer_cpu_us_per_env_step']:.0f} "
             f"| {ours['trainer_cores']:.3f} / {up['trainer_cores']:.3f} "
             f"| {ours['get_steps_p99_ms']:.2f} / {up['get_steps_p99_ms']:.2f} / {raw['get_steps_p99_ms']:.2f} |"

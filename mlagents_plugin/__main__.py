@@ -12,7 +12,11 @@ EXPECTED: List[Tuple[str, Optional[Callable[[str], bool]], str]] = [
     ("mlagents", lambda v: v == "1.1.0", "mlagents-plugin supports mlagents 1.1.0 only"),
     ("mlagents-envs", lambda v: v == "1.1.0", "mlagents-plugin supports mlagents-envs 1.1.0 only"),
     ("torch", lambda v: v.startswith("2.13.0"), "pin torch==2.13.0, the CPU wheel on disk"),
-    ("protobuf", lambda v: _at_least(v, (6, 31)), "install protobuf 6 (see docs/install.md): 3.20.x decodes in pure Python"),
+    (
+        "protobuf",
+        lambda v: _at_least(v, (6, 31)),
+        "install protobuf 6 (see docs/install.md): 3.20.x decodes in pure Python",
+    ),
     ("grpcio", lambda v: _at_least(v, (1, 49)), "grpcio >= 1.49 has Python 3.11 wheels"),
     ("numpy", lambda v: v.startswith("1.23."), "mlagents 1.1.0 needs numpy >=1.23.5,<1.24"),
     ("onnx", lambda v: v == "1.15.0", "ML-Agents' model export is tested with onnx 1.15.0"),

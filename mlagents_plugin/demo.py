@@ -76,7 +76,9 @@ def summary(run_dir: Path, returncode: int, elapsed_s: float, agents_per_env: in
         lines.append(f"Final mean reward: {rewards[-1]:.3f} (the optimum is about 0.97)")
     else:
         lines.append("No reward was recorded: see the output above.")
-    restarts = {tag[len(RESTARTS):]: int(sum(values)) for tag, (_, values, _) in stats.items() if tag.startswith(RESTARTS)}
+    restarts = {
+        tag[len(RESTARTS) :]: int(sum(values)) for tag, (_, values, _) in stats.items() if tag.startswith(RESTARTS)
+    }
     lines.append(
         "Env worker restarts by cause: "
         + (", ".join(f"{cause} {n}" for cause, n in sorted(restarts.items())) if restarts else "none")

@@ -174,7 +174,9 @@ def _build(namespace: Dict[str, Any], module_name: str, serialized: bytes) -> No
         database.RegisterMessage(cls)  # nested instances unpickle through the symbol database
         namespace[prefix] = descriptor
         for nested in descriptor.nested_types:
-            setattr(cls, nested.name, add_message(nested, f"{qualname}.{nested.name}", f"{prefix}_{nested.name.upper()}"))
+            setattr(
+                cls, nested.name, add_message(nested, f"{qualname}.{nested.name}", f"{prefix}_{nested.name.upper()}")
+            )
         for enum in descriptor.enum_types:
             add_enum(enum, lambda name, value, c=cls: setattr(c, name, value), f"{prefix}_")
         return cls

@@ -9,8 +9,8 @@ from typing import Iterator, List
 import psutil
 import pytest
 
-from mlagents_plugin.local import processes
 from mlagents_plugin.core import wire
+from mlagents_plugin.local import processes
 
 # multiprocessing's own long-lived helpers, started once per test process and shared by tests.
 # (The process's reaper is not a descendant: NOTE [ No orphans ].)

@@ -1,5 +1,6 @@
 """The ML-Agents internals we rely on (compat.py), exercised on ML-Agents' real classes."""
 import numpy as np
+import pytest
 from mlagents.trainers.agent_processor import AgentManager
 from mlagents.trainers.policy.torch_policy import TorchPolicy
 from mlagents.trainers.settings import NetworkSettings
@@ -10,10 +11,12 @@ from mlagents_plugin.integration import compat
 from mlagents_plugin.testing import SimpleEnvironment
 
 
+@pytest.mark.fast
 def test_nothing_compat_relies_on_is_missing():
     assert compat.check() == []
 
 
+@pytest.mark.fast
 def test_dropping_a_workers_trajectories_keeps_the_others():
     env = SimpleEnvironment(num_agents=3)
     spec = env.behavior_specs["Simple"]

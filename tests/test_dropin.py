@@ -14,8 +14,8 @@ from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException
 
 from mlagents_plugin.core.errors import BuildNotFoundError
-from mlagents_plugin.player.build import make_build
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
+from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import SimpleEnvironment, UnexpectedExceptionEnvironment, make_factory
 
 

@@ -69,7 +69,11 @@ def players_of(tmp_path):
     for proc in psutil.process_iter():
         try:
             cmdline = " ".join(proc.cmdline())
-            if "mlagents_plugin.player" in cmdline and str(tmp_path) in cmdline and proc.status() != psutil.STATUS_ZOMBIE:
+            if (
+                "mlagents_plugin.player" in cmdline
+                and str(tmp_path) in cmdline
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(proc.pid)
         except psutil.Error:
             pass

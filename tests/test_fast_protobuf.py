@@ -14,6 +14,7 @@ from mlagents_plugin import fast_protobuf
 from mlagents_plugin.testing import SimpleEnvironment
 
 
+@pytest.mark.fast
 def test_the_fast_backend_serves_every_module():
     package = importlib.import_module("mlagents_envs.communicator_objects")
     names = [m.name for m in pkgutil.iter_modules(package.__path__) if m.name.endswith("_pb2")]
@@ -24,6 +25,7 @@ def test_the_fast_backend_serves_every_module():
     assert fast_protobuf.served_modules() == sorted(f"{package.__name__}.{name}" for name in names)
 
 
+@pytest.mark.fast
 def test_the_modules_look_generated():
     assert (command_pb2.STEP, command_pb2.RESET, command_pb2.QUIT) == (0, 1, 2)
     assert command_pb2.CommandProto.Name(1) == "RESET"
@@ -32,6 +34,7 @@ def test_the_modules_look_generated():
     assert observation_pb2.DESCRIPTOR.name == "mlagents_envs/communicator_objects/observation.proto"
 
 
+@pytest.mark.fast
 def test_messages_and_classes_pickle_by_reference():
     message = UnityMessageProto()
     message.header.status = 200

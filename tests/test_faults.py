@@ -318,6 +318,7 @@ def test_backoff_doubles_from_the_second_restart_within_the_rate_period(run_opti
     assert time.monotonic() - started >= 0.2 + 0.4
 
 
+@pytest.mark.fast
 def test_backoff_resets_after_the_rate_period(run_options):
     run_options.env_settings.restarts_rate_limit_period_s = 0.2
     policy = RestartPolicy(run_options.env_settings, backoff_s=1.0)
@@ -357,5 +358,7 @@ def test_health_reaches_the_stats_reporter_and_close_summarises(env_manager_fact
     with caplog.at_level(logging.INFO):
         manager.close()
     summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Env worker ")]
-    assert any(s.startswith("Env worker 1:") and "restarts: died 1" in s and "its last process exited" in s for s in summaries)
+    assert any(
+        s.startswith("Env worker 1:") and "restarts: died 1" in s and "its last process exited" in s for s in summaries
+    )
     assert any(s.startswith("Env worker 0:") and "restarts: none" in s for s in summaries)

@@ -1,11 +1,8 @@
 """The headless player through mlagents-envs' real UnityEnvironment: launch, gRPC handshake,
 scenes, side channels, flags and faults. (End-to-end training: test_e2e_player.py.)"""
-import signal
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -21,10 +18,10 @@ from mlagents_envs.side_channel.environment_parameters_channel import (
 )
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 
-from mlagents_plugin.player import cli
-from mlagents_plugin.player.build import make_build
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
+from mlagents_plugin.player import cli
+from mlagents_plugin.player.build import make_build
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +141,7 @@ def test_side_channels_both_ways(open_env, tmp_path):
 # ------------------------------------------------------------------------------ flags
 
 
+@pytest.mark.fast
 def test_flags_like_a_unity_player():
     args, ignored = cli.parse(
         ["-LOGFILE", "p.log", "-BatchMode", "-nographics", "--mlagents-port", "5011",
@@ -210,7 +208,13 @@ def test_hang_flag(open_env):
 def test_slow_start_flag(builds):
     port = free_port_block(1)
     with pytest.raises(UnityTimeOutException):
-        UnityEnvironment(str(builds / "goal"), base_port=port, additional_args=["--slow-start-s", "30"], timeout_wait=3, no_graphics=True)
+        UnityEnvironment(
+            str(builds / "goal"),
+            base_port=port,
+            additional_args=["--slow-start-s", "30"],
+            timeout_wait=3,
+            no_graphics=True,
+        )
 
 
 @pytest.mark.timeout(60)

@@ -8,8 +8,8 @@ import pytest
 from mlagents.trainers.exception import TrainerConfigError
 
 from mlagents_plugin.core import factories
-from mlagents_plugin.integration import python_envs
 from mlagents_plugin.core.settings import parse_section
+from mlagents_plugin.integration import python_envs
 
 SOURCE = textwrap.dedent(
     """
@@ -58,6 +58,7 @@ def test_factory_from_a_module_a_fresh_process_cannot_import(
     assert all(len(step.current_all_step_result["Simple"][0]) == 3 for step in steps)
 
 
+@pytest.mark.fast
 def test_importable_factories_are_pickled_by_reference():
     factory = python_envs.make_env_factory("mlagents_plugin.testing:simple_env", {})
     assert b"mlagents_plugin.testing.simple_env" in factories.dumps_factory(factory)
@@ -69,10 +70,17 @@ def test_importable_factories_are_pickled_by_reference():
         ("no_such_module_anywhere:make", "there is no module 'no_such_module_anywhere'"),
         ("mlagents_plugin.testing:no_such_factory", "has no 'no_such_factory'"),
         ("mlagents_plugin.testing:__all__", "'__all__' is a list, not a function or class"),
-        ("broken_syntax_env:make", r"importing 'broken_syntax_env' failed: SyntaxError at .*broken_syntax_env.py, line 2"),
-        ("raising_env:make", r"importing 'raising_env' failed: RuntimeError: no GPU here \(at .*raising_env.py, line 3\)"),
+        (
+            "broken_syntax_env:make",
+            r"importing 'broken_syntax_env' failed: SyntaxError at .*broken_syntax_env.py, line 2",
+        ),
+        (
+            "raising_env:make",
+            r"importing 'raising_env' failed: RuntimeError: no GPU here \(at .*raising_env.py, line 3\)",
+        ),
     ],
 )
+@pytest.mark.fast
 def test_bad_env_spec_is_explained(spec, expected, tmp_path, monkeypatch):
     (tmp_path / "broken_syntax_env.py").write_text("def make(worker_id, side_channels):\n    return (\n")
     (tmp_path / "raising_env.py").write_text("import os\n\nraise RuntimeError('no GPU here')\n")
@@ -82,6 +90,7 @@ def test_bad_env_spec_is_explained(spec, expected, tmp_path, monkeypatch):
     assert info.value.__cause__ is None  # the message says it all: no raw traceback chained
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("spec", [":", "module:", ":factory", "a:b:c", "no_colon"])
 def test_env_spec_must_name_a_module_and_a_factory(spec):
     with pytest.raises(TrainerConfigError, match="'env' must look like 'package.module:factory'"):

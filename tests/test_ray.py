@@ -13,12 +13,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from mlagents.trainers.settings import RunOptions
+from helpers import free_port_block, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
+from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin.core.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
-from mlagents_plugin.player.build import make_build
 from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.player.build import make_build
+from mlagents_plugin.ray.backend import RayEnvManager
 from mlagents_plugin.testing import (
     HangingEnvironment,
     PlayerLaunchingEnvironment,
@@ -28,9 +30,6 @@ from mlagents_plugin.testing import (
     make_factory,
 )
 from mlagents_plugin.testing.training import check_environment_trains, train
-from helpers import free_port_block, run_learn, write_config
-
-from mlagents_plugin.ray.backend import RayEnvManager
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
@@ -157,7 +156,9 @@ def test_actor_kill_takes_its_player_down(ray_manager, tmp_path):
     """A Unity-like player runs in its own session, outside the actor's process tree."""
     pid_dir = tmp_path / "players"
     pid_dir.mkdir()
-    manager = ray_manager(make_factory(PlayerLaunchingEnvironment, player_pid_dir=str(pid_dir)), 1, restart_backoff_s=0.0)
+    manager = ray_manager(
+        make_factory(PlayerLaunchingEnvironment, player_pid_dir=str(pid_dir)), 1, restart_backoff_s=0.0
+    )
     manager.reset()
     (first_player,) = [int(p.name) for p in pid_dir.iterdir()]
     os.kill(_actor_pid(manager, 0), signal.SIGKILL)
@@ -347,5 +348,7 @@ def test_an_unreachable_ray_address_fails_within_seconds_in_words(ray_cluster, t
     result = run_learn(tmp_path, config, "--num-envs=2", timeout=100)
     assert result.returncode != 0
     assert time.monotonic() - started < 60
-    assert "env_manager.ray.address '127.0.0.1:1': nothing answers at 127.0.0.1:1" in result.stderr, result.stderr[-2000:]
+    assert "env_manager.ray.address '127.0.0.1:1': nothing answers at 127.0.0.1:1" in result.stderr, result.stderr[
+        -2000:
+    ]
     ray_cluster.assert_no_outside_connects()

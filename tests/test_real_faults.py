@@ -110,7 +110,7 @@ def test_sigterms_at_random_moments_never_corrupt_a_pipe(run_options, env_manage
         for _ in range(rng.randrange(1, 20)):
             manager.get_steps()
         os.kill(manager.worker_pids[1], signal.SIGTERM)
-        step_until(manager, lambda: manager.restart_counts.get("died", 0) == n)
+        step_until(manager, lambda n=n: manager.restart_counts.get("died", 0) == n)
     assert manager.restart_counts == {"died": 20}
 
 
@@ -172,7 +172,11 @@ def test_close_says_how_each_workers_last_process_ended(run_options, env_manager
         step_until(manager, lambda: False)
     with caplog.at_level(logging.INFO):
         manager.close()
-    summaries = {r.getMessage()[:len("Env worker 0")]: r.getMessage() for r in caplog.records if r.getMessage().startswith("Env worker ")}
+    summaries = {
+        r.getMessage()[: len("Env worker 0")]: r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith("Env worker ")
+    }
     assert "its last process was killed by SIGKILL" in summaries["Env worker 1"]
     assert "its last process exited" in summaries["Env worker 0"]
 
@@ -194,14 +198,20 @@ def test_a_worker_still_building_its_env_is_stopped_at_once_on_close(env_manager
 @pytest.mark.timeout(60)
 def test_a_factory_that_returns_no_env_is_explained(env_manager_factory):
     manager = env_manager_factory(lambda worker_id, side_channels: "not an env", 1)
-    with pytest.raises(TypeError, match=r"The env factory returned str 'not an env', not an ML-Agents env \(a BaseEnv\): it has no behavior_specs"):
+    with pytest.raises(
+        TypeError,
+        match=r"The env factory returned str 'not an env', not an ML-Agents env \(a BaseEnv\): "
+        r"it has no behavior_specs",
+    ):
         manager.reset()
 
 
 # ------------------------------------------------------------------- absurd settings
 
 
-@pytest.mark.parametrize("setting", ["shutdown_timeout_s", "kill_grace_s", "step_timeout_s", "startup_timeout_s", "restart_backoff_s"])
+@pytest.mark.parametrize(
+    "setting", ["shutdown_timeout_s", "kill_grace_s", "step_timeout_s", "startup_timeout_s", "restart_backoff_s"]
+)
 @pytest.mark.parametrize("value", [float("inf"), 1e7, float("nan")])
 def test_every_duration_is_finite_and_at_most_a_day(setting, value):
     with pytest.raises(TrainerConfigError, match=f"'{setting}' must be a finite number of seconds, at most 86400"):

@@ -7,29 +7,34 @@ from mlagents.trainers.exception import TrainerConfigError
 from mlagents.trainers.settings import RunOptions
 from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
-from mlagents_plugin.integration import plugin
 from mlagents_plugin.core.settings import EnvManagerSettings, parse_section
+from mlagents_plugin.integration import plugin
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 
+@pytest.mark.fast
 def test_no_section_means_defaults():
     assert parse_section(None) == EnvManagerSettings()
 
 
+@pytest.mark.fast
 def test_ints_are_accepted_for_float_settings():
     assert parse_section({"shutdown_timeout_s": 3}).shutdown_timeout_s == 3.0
 
 
+@pytest.mark.fast
 def test_bools_are_not_numbers():
     with pytest.raises(TrainerConfigError, match="kill_grace_s"):
         parse_section({"kill_grace_s": True})
 
 
+@pytest.mark.fast
 def test_env_must_name_a_factory():
     with pytest.raises(TrainerConfigError, match="package.module:factory"):
         parse_section({"env": "mlagents_plugin.testing.simple_env"})
 
 
+@pytest.mark.fast
 def test_timeouts_derive_from_timeout_wait():
     run_options = RunOptions()
     run_options.env_settings.timeout_wait = 20
@@ -72,8 +77,11 @@ def test_asking_for_ray_without_ray_says_how_to_install_it():
     assert "TrainerConfigError env_manager.backend is 'ray'." in out
 
 
+@pytest.mark.fast
 def test_ray_section_is_parsed_strictly():
-    settings = parse_section({"backend": "ray", "ray": {"address": "auto", "num_cpus_per_worker": 2, "resources": {"unity": 1}}})
+    settings = parse_section(
+        {"backend": "ray", "ray": {"address": "auto", "num_cpus_per_worker": 2, "resources": {"unity": 1}}}
+    )
     assert settings.ray.address == "auto" and settings.ray.num_cpus_per_worker == 2.0
     assert settings.ray.scheduling_strategy == "SPREAD"
     with pytest.raises(TrainerConfigError, match=r"Unknown setting 'num_cpus' in the 'env_manager.ray' section"):

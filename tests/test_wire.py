@@ -24,16 +24,19 @@ def steps_of(env):
 def assert_same(received, sent):
     assert received.keys() == sent.keys()
     for name in sent:
-        for got, expected in zip(received[name], sent[name]):
+        for got, expected in zip(received[name], sent[name], strict=True):
             assert type(got) is type(expected)
             assert len(got.obs) == len(expected.obs)
-            for a, b in zip(got.obs, expected.obs):
+            for a, b in zip(got.obs, expected.obs, strict=True):
                 np.testing.assert_array_equal(a, b)
             for field in ("reward", "agent_id", "group_id", "group_reward"):
                 np.testing.assert_array_equal(np.asarray(getattr(got, field)), np.asarray(getattr(expected, field)))
 
 
-@pytest.mark.parametrize("env_kwargs", [dict(num_agents=3), VISUAL, dict(behavior_names=("A", "B"), action="continuous")])
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "env_kwargs", [dict(num_agents=3), VISUAL, dict(behavior_names=("A", "B"), action="continuous")]
+)
 def test_round_trip_through_pickle(env_kwargs):
     env = SimpleEnvironment(**env_kwargs)
     env.step()
@@ -44,13 +47,14 @@ def test_round_trip_through_pickle(env_kwargs):
             sent = steps_of(env)
             received = decoder.decode(pickle.loads(pickle.dumps(encoder.encode(sent))))
             assert_same(received, sent)
-            for decision, terminal in received.values():
+            for decision, _terminal in received.values():
                 assert all(o.flags.writeable for o in decision.obs)
     finally:
         decoder.close()
         encoder.close()
 
 
+@pytest.mark.fast
 def test_large_arrays_go_through_shared_memory_and_small_ones_do_not():
     env = SimpleEnvironment(**VISUAL)
     encoder = wire.Encoder(f"{wire.SEGMENT_PREFIX}{os.getpid()}_test_")
@@ -64,6 +68,7 @@ def test_large_arrays_go_through_shared_memory_and_small_ones_do_not():
     assert leftover_segments() == []
 
 
+@pytest.mark.fast
 def test_without_shared_memory_everything_goes_through_the_pipe():
     env = SimpleEnvironment(**VISUAL)
     encoder, decoder = wire.Encoder("bad/name/"), wire.Decoder()  # shm_open refuses a '/'
@@ -107,18 +112,21 @@ def test_a_killed_workers_segment_is_removed(env_manager_factory):
 @pytest.mark.timeout(60)
 def test_segments_of_a_killed_trainer_are_removed(tmp_path):
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from mlagents.trainers.settings import RunOptions
         from mlagents_plugin import SupervisedEnvManager
         from mlagents_plugin.testing import SimpleEnvironment, make_factory
         if __name__ == "__main__":
-            manager = SupervisedEnvManager(make_factory(SimpleEnvironment, num_agents=32, visual_shape=(3, 84, 84)), RunOptions(), 2)
+            factory = make_factory(SimpleEnvironment, num_agents=32, visual_shape=(3, 84, 84))
+            manager = SupervisedEnvManager(factory, RunOptions(), 2)
             manager.reset()
             manager.get_steps()
             print("STEPPING", flush=True)
             while True:
                 manager.get_steps()
-    """))
+    """)
+    )
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     prefix = f"{wire.SEGMENT_PREFIX}{trainer.pid}_"
     try:
@@ -142,13 +150,15 @@ def test_the_resource_tracker_has_nothing_to_clean_up_at_exit(tmp_path, end):
     """Python's resource tracker warns at exit about segments it thinks leaked; it must find none,
     whether the workers removed their segments or the manager did for a killed worker."""
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal
         from mlagents.trainers.settings import RunOptions
         from mlagents_plugin import SupervisedEnvManager
         from mlagents_plugin.testing import SimpleEnvironment, make_factory
         if __name__ == "__main__":
-            manager = SupervisedEnvManager(make_factory(SimpleEnvironment, num_agents=32, visual_shape=(3, 84, 84)), RunOptions(), 4)
+            factory = make_factory(SimpleEnvironment, num_agents=32, visual_shape=(3, 84, 84))
+            manager = SupervisedEnvManager(factory, RunOptions(), 4)
             manager.reset()
             for _ in range(300):
                 manager.get_steps()
@@ -157,7 +167,8 @@ def test_the_resource_tracker_has_nothing_to_clean_up_at_exit(tmp_path, end):
                 for _ in range(50):
                     manager.get_steps()
             manager.close()
-    """))
+    """)
+    )
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resource_tracker" not in result.stderr, result.stderr[-3000:]

@@ -73,7 +73,7 @@ class Backend(abc.ABC):
         """When the backend next needs ``advance``, if ever."""
         return None
 
-    def advance(self) -> None:
+    def advance(self) -> None:  # noqa: B027 (a hook most backends need not override)
         """Housekeeping after each wait (escalating departures that are overdue)."""
 
     @abc.abstractmethod

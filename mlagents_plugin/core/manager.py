@@ -20,7 +20,7 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
 from mlagents_plugin.core import factories, signals, worker_inputs
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.backend import Backend, BackendSetup, Reply
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
     ManagerClosedError,
@@ -318,7 +318,11 @@ class SupervisedManagerBase(EnvManager):
 
     def _time_to_next_deadline(self) -> float:
         deadlines = [s.deadline for s in self._slots if s.deadline is not None]
-        deadlines += [s.restart_at for s in self._slots if s.state is WorkerState.RESTARTING]
+        deadlines += [  # a restart waiting for its predecessor to go waits on the backend's deadline
+            s.restart_at
+            for s in self._slots
+            if s.state is WorkerState.RESTARTING and not self._backend.departing(s.worker_id)
+        ]
         backend_deadline = self._backend.next_deadline()
         if backend_deadline is not None:
             deadlines.append(backend_deadline)
@@ -359,7 +363,7 @@ class SupervisedManagerBase(EnvManager):
     def _check_deadlines(self) -> None:
         now = self._clock()
         for slot in self._slots:
-            if slot.live and slot.deadline is not None and now > slot.deadline:
+            if slot.live and slot.deadline is not None and now >= slot.deadline:
                 if slot.state is WorkerState.STARTING:
                     setting = "startup_timeout_s"
                     what = (

@@ -68,15 +68,25 @@ class Encoder:
             arrays += [decision.reward, decision.agent_id, decision.group_id, decision.group_reward]
             arrays += mask or []
             arrays += terminal.obs
-            arrays += [terminal.reward, terminal.interrupted, terminal.agent_id, terminal.group_id, terminal.group_reward]
+            arrays += [
+                terminal.reward,
+                terminal.interrupted,
+                terminal.agent_id,
+                terminal.group_id,
+                terminal.group_reward,
+            ]
             behaviors.append((name, len(decision.obs), -1 if mask is None else len(mask), len(terminal.obs)))
         arrays = [np.asarray(a) for a in arrays]  # mlagents-envs gives group ids as a list
         big = [a.nbytes >= SHARED_MEMORY_MIN_BYTES for a in arrays]
-        segment = self._segment_for(sum(_padded(a.nbytes) for a, b in zip(arrays, big) if b)) if any(big) else None
+        segment = (
+            self._segment_for(sum(_padded(a.nbytes) for a, b in zip(arrays, big, strict=True) if b))
+            if any(big)
+            else None
+        )
         parts: List[bytes] = []
         slots = []
         offset = shared_offset = 0
-        for array, is_big in zip(arrays, big):
+        for array, is_big in zip(arrays, big, strict=True):
             array = np.ascontiguousarray(array)
             size = _padded(array.nbytes)
             if is_big and segment is not None:

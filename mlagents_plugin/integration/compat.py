@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, List
 
 import cattr
 import yaml
-from mlagents.trainers import learn, settings as mla_settings
+from mlagents.trainers import learn
+from mlagents.trainers import settings as mla_settings
 from mlagents.trainers.agent_processor import AgentManager
 from mlagents.trainers.behavior_id_utils import get_global_agent_id
 from mlagents.trainers.exception import TrainerConfigError

@@ -15,8 +15,6 @@ from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
 from mlagents_plugin import fast_protobuf
-from mlagents_plugin.integration import compat
-from mlagents_plugin.integration import python_envs
 from mlagents_plugin.core import signals
 from mlagents_plugin.core.settings import (
     SECTION,
@@ -24,6 +22,7 @@ from mlagents_plugin.core.settings import (
     parse_section,
     write_effective_settings,
 )
+from mlagents_plugin.integration import compat, python_envs
 from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)

@@ -29,7 +29,6 @@ from mlagents_envs.exception import UnityEnvironmentException
 
 from mlagents_plugin.local import processes
 
-
 LOG_TAIL_LINES = 10
 
 

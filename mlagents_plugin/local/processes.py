@@ -24,9 +24,10 @@
 #    children, the worker among them, but not the player, a grandchild.) So each supervising
 #    process starts one small stdlib-only process in a session of its own, out of reach of the
 #    group's signals, and nobody's child (it forks away from its launcher, so that whoever kills
-#    the supervisor's children spares it), and tells it the pid of every worker it starts. The reaper waits on a pidfd of the supervisor (no polling) and,
-#    when it is gone, SIGKILLs those workers with their process trees and everything carrying
-#    the supervisor's tag, removes its shared memory segments and Ray temp dir, and exits.
+#    the supervisor's children spares it), and tells it the pid of every worker it starts. The
+#    reaper waits on a pidfd of the supervisor (no polling) and, when it is gone, SIGKILLs those
+#    workers with their process trees and everything carrying the supervisor's tag, removes its
+#    shared memory segments and Ray temp dir, and exits.
 # 4. The sweep. When a reaper starts, it first removes what supervisors that are gone left
 #    behind (tagged processes, segments, Ray temp dirs): the second line, for a reaper that was
 #    itself killed.

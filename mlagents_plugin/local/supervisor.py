@@ -13,7 +13,7 @@ import os
 import secrets
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util

@@ -13,7 +13,7 @@ import types
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import cloudpickle
 from mlagents_envs import logging_util
@@ -31,11 +31,8 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
-from mlagents_plugin.local import processes
-from mlagents_plugin.core import signals
-from mlagents_plugin.core import wire
+from mlagents_plugin.core import signals, wire
 from mlagents_plugin.core.errors import BuildNotFoundError
-from mlagents_plugin.local.player_watch import PlayerWatch, hook_launches
 from mlagents_plugin.core.protocol import (
     PARAMETER_METHODS,
     EnvironmentCommand,
@@ -48,6 +45,8 @@ from mlagents_plugin.core.protocol import (
     unpack_request,
     wrap_exception,
 )
+from mlagents_plugin.local import processes
+from mlagents_plugin.local.player_watch import PlayerWatch, hook_launches
 
 logger = logging_util.get_logger(__name__)
 

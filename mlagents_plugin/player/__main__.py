@@ -37,7 +37,9 @@ def run(argv: List[str]) -> int:
     if not args.survive_trainer:
         processes.watch_parent(os.getppid(), launcher_gone)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    academy = Academy(make_scene(args.scene, cli.scene_options(args)), communicator, args.mlagents_port, cli.faults(args))
+    academy = Academy(
+        make_scene(args.scene, cli.scene_options(args)), communicator, args.mlagents_port, cli.faults(args)
+    )
     signal.signal(signal.SIGUSR1, academy.request_quit)
     try:
         academy.run()

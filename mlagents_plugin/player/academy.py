@@ -33,7 +33,7 @@ from mlagents_envs.environment import UnityEnvironment
 from mlagents_envs.side_channel.side_channel_manager import SideChannelManager
 from PIL import Image
 
-from mlagents_plugin.player.communicator import BuildCommunicator, TrainerGone
+from mlagents_plugin.player.communicator import BuildCommunicator
 from mlagents_plugin.player.scenes import Agent, Scene, Sensor, World
 from mlagents_plugin.player.side_channels import (
     AnalyticsReceiver,
@@ -232,7 +232,7 @@ class Academy:
         mask = None if done else agent.action_mask()
         if mask is not None:
             info.action_mask.extend(mask)
-        for sensor, data in zip(sensors, agent.collect_observations()):
+        for sensor, data in zip(sensors, agent.collect_observations(), strict=True):
             info.observations.append(_observation(sensor, data))
         return info
 

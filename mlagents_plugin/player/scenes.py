@@ -195,7 +195,7 @@ class Scene:
     def build(self, world: World, num_areas: int) -> None:
         count = self.options.num_agents * max(1, num_areas)
         next_id = 0
-        for behavior, (continuous, camera) in zip(self.behaviors, self.kinds.values()):
+        for behavior, (continuous, camera) in zip(self.behaviors, self.kinds.values(), strict=True):
             self.agents[behavior.name] = [
                 GoalAgent(next_id + i, world, continuous, camera) for i in range(count)
             ]

@@ -83,7 +83,7 @@ def _sampler(msg: IncomingMessage) -> Callable[[], float]:
         mean, std = msg.read_float32(), msg.read_float32()
         return lambda: rng.gauss(mean, std)
     bounds = msg.read_float32_list()  # MULTIRANGEUNIFORM: [min0, max0, min1, max1, ...]
-    ranges = list(zip(bounds[0::2], bounds[1::2]))
+    ranges = list(zip(bounds[0::2], bounds[1::2], strict=False))
     weights = [max(high - low, 0.0) for low, high in ranges]
     return lambda: rng.uniform(*rng.choices(ranges, weights=weights)[0])
 

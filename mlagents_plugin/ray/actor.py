@@ -14,11 +14,10 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 from mlagents_envs import logging_util
 
+from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentRequest, WorkerSpec, pack
 from mlagents_plugin.local import processes
-from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentRequest, pack
 from mlagents_plugin.local.readiness import Readiness
 from mlagents_plugin.local.shutdown import Ladder
-from mlagents_plugin.core.protocol import WorkerSpec
 from mlagents_plugin.local.worker import start_worker
 
 logger = logging_util.get_logger(__name__)

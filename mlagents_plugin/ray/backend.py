@@ -9,7 +9,7 @@ how.
 """
 import os
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
@@ -264,7 +264,9 @@ class RayBackend(Backend):
                     )
 
     def _finish(self, worker_id: int, departure: _ActorDeparture) -> None:
-        ready = ray.wait(departure.dropped, num_returns=len(departure.dropped), timeout=0)[0] if departure.dropped else []
+        ready = (
+            ray.wait(departure.dropped, num_returns=len(departure.dropped), timeout=0)[0] if departure.dropped else []
+        )
         for ref in ready:
             try:
                 ray.get(ref)

@@ -27,7 +27,6 @@ from mlagents_plugin.testing.faulty_envs import (
 )
 from mlagents_plugin.testing.simple_env import SimpleEnvironment, simple_env
 
-
 ENVIRONMENTS = {
     cls.__name__: cls
     for cls in (

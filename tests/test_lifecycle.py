@@ -1,0 +1,368 @@
+"""The fast tier: the manager's decisions, driven by an in-memory backend and a fake clock
+(tests/fake_backend.py). Deadlines, restart quotas and backoff, port moves, a failed worker's
+steps, resets during restarts, stale replies, close, and random fault schedules; the slots'
+invariants are checked after every pump (MLAGENTS_PLUGIN_CHECK, set by conftest.py)."""
+import os
+from typing import List
+
+import pytest
+from fake_backend import FAULTS, Behavior, FakeBackend, FakeClock, behave
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mlagents.trainers.settings import RunOptions
+from mlagents_envs.exception import UnityCommunicationException, UnityTimeOutException
+
+from mlagents_plugin.core import lifecycle, signals
+from mlagents_plugin.core.errors import (
+    AllWorkersFailedError,
+    ManagerClosedError,
+    RemoteWorkerError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
+from mlagents_plugin.core.lifecycle import InvariantError, Reason, Slot, WorkerState
+from mlagents_plugin.core.manager import MAX_PORT_MOVES, SupervisedManagerBase
+from mlagents_plugin.core.protocol import EnvironmentCommand
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+pytestmark = pytest.mark.fast
+
+
+def test_the_suite_checks_invariants():
+    assert lifecycle.CHECK_INVARIANTS
+
+
+class Harness:
+    def __init__(self, script=None, n_env=2, run_options=None, departure_s=0.05, **settings):
+        self.clock = FakeClock()
+        self.run_options = run_options or RunOptions()
+        self.backends: List[FakeBackend] = []
+
+        def backend(setup):
+            self.backends.append(FakeBackend(setup, script or behave(), departure_s))
+            return self.backends[-1]
+
+        self.manager = SupervisedManagerBase(
+            make_factory(SimpleEnvironment), self.run_options, n_env,
+            EnvManagerSettings(**settings), backend, self.clock,
+        )
+        self.backend = self.backends[0]
+
+    def step_until(self, condition, limit=2000):
+        for _ in range(limit):
+            if condition():
+                return
+            self.manager.get_steps()
+        pytest.fail("condition not reached")
+
+    def launch_times(self, worker_id):
+        return [t for w, _, _, t in self.backend.launches if w == worker_id]
+
+
+@pytest.fixture
+def harness():
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(Harness(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.manager.close()
+
+
+def quota(run_options=None, lifetime=10, rate_n=1, period_s=60):
+    run_options = run_options or RunOptions()
+    env = run_options.env_settings
+    env.max_lifetime_restarts, env.restarts_rate_limit_n, env.restarts_rate_limit_period_s = lifetime, rate_n, period_s
+    return run_options
+
+
+# ------------------------------------------------------------------------------ stepping
+
+
+def test_reset_gives_one_step_per_worker_and_steps_flow(harness):
+    h = harness(n_env=3)
+    assert h.manager.reset() == 3
+    stepped = set()
+    for _ in range(20):
+        stepped |= {s.worker_id for s in h.manager.get_steps()}
+    assert stepped == {0, 1, 2}
+    assert set(h.manager.training_behaviors) == {"Simple"}
+
+
+# ----------------------------------------------------------------------------- deadlines
+
+
+@pytest.mark.parametrize("step_timeout_s", [0.5, 7.0, 70.0])
+def test_a_hung_step_is_declared_hung_exactly_at_step_timeout(harness, step_timeout_s):
+    script = behave(w0=Behavior(step_s=0.25), w1=Behavior(fault=("hang", 3)))
+    h = harness(script, run_options=quota(lifetime=0), step_timeout_s=step_timeout_s)
+    h.manager.reset()
+    with pytest.raises(WorkerTimeoutError, match=f"did not answer STEP within step_timeout_s={step_timeout_s}") as info:
+        h.step_until(lambda: False)
+    assert "raise env_manager.step_timeout_s" in str(info.value)
+    assert h.backend.released[-1] == (1, 0, Reason.HUNG)
+    hung_step_sent = [t for w, c, t in h.backend.deliveries if w == 1 and c is EnvironmentCommand.STEP][-1]
+    assert h.clock.now == pytest.approx(hung_step_sent + step_timeout_s)  # the wait was bounded by the deadline
+
+
+def test_a_worker_hung_while_building_times_out_at_startup_timeout(harness):
+    h = harness(behave(w0=Behavior(fault=("hang", 0))), run_options=quota(lifetime=0), startup_timeout_s=33.0)
+    started = h.clock.now
+    with pytest.raises(
+        WorkerTimeoutError, match="did not finish building its env within startup_timeout_s=33.0"
+    ) as info:
+        h.manager.reset()
+    assert 33.0 <= h.clock.now - started <= 33.0 + 1.0
+    assert "raise env_manager.startup_timeout_s" in str(info.value)
+
+
+def test_a_request_queued_while_starting_gets_its_clock_when_the_worker_is_ready(harness):
+    h = harness(behave(w0=Behavior(startup_s=50.0)), step_timeout_s=10.0, startup_timeout_s=90.0)
+    h.manager.reset()  # the RESET waited 50 s for the start, more than step_timeout_s: no hang
+    assert h.manager.restart_counts == {}
+
+
+# --------------------------------------------------------------------- restarts, backoff
+
+
+def backoffs(backend: FakeBackend, worker_id: int) -> List[float]:
+    """How long each restart of the worker waited after its predecessor was released."""
+    launches = [t for w, i, _, t in backend.launches if w == worker_id and i > 0]
+    released = [t for (w, _, _), t in zip(backend.released, backend.released_at, strict=True) if w == worker_id]
+    return [round(launched - gone, 3) for gone, launched in zip(released, launches, strict=False)]
+
+
+def test_backoff_is_zero_then_doubles_from_the_second_restart(harness):
+    always_dies = lambda worker_id, incarnation: Behavior(fault=("die", 2)) if worker_id == 0 else Behavior()
+    h = harness(always_dies, n_env=1, run_options=quota(lifetime=6, rate_n=-1), restart_backoff_s=0.5)
+    h.manager.reset()
+    with pytest.raises(WorkerDiedError) as info:
+        h.step_until(lambda: False)
+    assert len(h.launch_times(0)) == 7  # the first incarnation, then 6 restarts
+    # the first restart waits only for its predecessor to be gone (0.05 s here)
+    assert backoffs(h.backend, 0) == [0.05, 0.5, 1.0, 2.0, 4.0, 8.0]
+    assert "max_lifetime_restarts=6" in info.value.__notes__[-1] and "its 6 restart(s)" in info.value.__notes__[-1]
+
+
+def test_the_backoff_is_capped_at_30_s(harness):
+    always_dies = lambda worker_id, incarnation: Behavior(fault=("die", 1))
+    h = harness(always_dies, n_env=1, run_options=quota(lifetime=10, rate_n=-1, period_s=3600),
+                restart_backoff_s=4.0, departure_s=0.0)
+    h.manager.reset()
+    with pytest.raises(WorkerDiedError):
+        h.step_until(lambda: False)
+    assert backoffs(h.backend, 0) == [0.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0]
+
+
+def test_the_backoff_counts_only_restarts_within_the_rate_limit_period(harness):
+    always_dies = lambda worker_id, incarnation: Behavior(fault=("die", 1))
+    h = harness(always_dies, n_env=1, run_options=quota(lifetime=8, rate_n=-1, period_s=60),
+                restart_backoff_s=4.0, departure_s=0.0)
+    h.manager.reset()
+    with pytest.raises(WorkerDiedError):
+        h.step_until(lambda: False)
+    # after 0+4+8+16+30 s the first restarts are more than 60 s old: the backoff shrinks again
+    assert backoffs(h.backend, 0)[:7] == [0.0, 4.0, 8.0, 16.0, 30.0, 30.0, 4.0]
+
+
+def test_the_rate_limit_refuses_a_second_restart_within_its_period_and_allows_it_after(harness):
+    dies_twice = lambda worker_id, incarnation: Behavior(fault=("die", 3)) if incarnation < 2 else Behavior()
+    h = harness(dies_twice, n_env=1, run_options=quota(rate_n=1, period_s=60))
+    h.manager.reset()
+    with pytest.raises(WorkerDiedError) as info:
+        h.step_until(lambda: False)
+    assert "restarts_rate_limit_n=1 per restarts_rate_limit_period_s=60" in info.value.__notes__[-1]
+    h2 = harness(dies_twice, n_env=2, run_options=quota(rate_n=1, period_s=60), step_timeout_s=100.0)
+    h2.manager.reset()
+    h2.step_until(lambda: h2.manager.restart_counts.get("died") == 2)  # 60 s of two workers' steps pass first
+
+
+def test_a_worker_that_never_built_its_env_is_retried_once(harness):
+    never = lambda worker_id, incarnation: Behavior(fault=("raise", 0), exception=UnityTimeOutException)
+    h = harness(never, n_env=1, run_options=quota(lifetime=10, rate_n=-1))
+    with pytest.raises(UnityTimeOutException) as info:
+        h.manager.reset()
+    assert len(h.launch_times(0)) == 2
+    assert "never once finished building its env" in info.value.__notes__[-1]
+
+
+@pytest.mark.parametrize("kind, cause", [("die", "died"), ("stop", "died"), ("hang", "hung")])
+def test_each_way_of_failing_is_restarted_under_its_cause(harness, kind, cause):
+    h = harness(behave(w1=Behavior(fault=(kind, 4))), step_timeout_s=5.0, restart_backoff_s=0.0)
+    h.manager.reset()
+    h.step_until(lambda: h.manager.restart_counts == {cause: 1} and 1 in h.manager.worker_pids)
+    h.step_until(lambda: any(s.worker_id == 1 for s in h.manager.get_steps()))
+
+
+def test_an_exception_that_is_not_restartable_reaches_the_trainer_with_its_type(harness):
+    h = harness(behave(w0=Behavior(fault=("raise", 3), exception=KeyError)))
+    h.manager.reset()
+    with pytest.raises(KeyError) as info:
+        h.step_until(lambda: False)
+    assert any("during STEP" in note for note in info.value.__notes__)
+    assert h.manager.restart_counts == {}
+
+
+def test_restart_on_names_make_an_exception_restartable(harness):
+    h = harness(behave(w0=Behavior(fault=("raise", 3), exception=KeyError)), restart_on=["KeyError"])
+    h.manager.reset()
+    h.step_until(lambda: h.manager.restart_counts == {"restart_on": 1})
+
+
+# -------------------------------------------------------------------------- port moves
+
+
+def test_a_taken_port_moves_the_worker_and_is_not_a_restart(harness):
+    taken_once = lambda worker_id, incarnation: (
+        Behavior(fault=("port", 0)) if (worker_id, incarnation) == (1, 0) else Behavior()
+    )
+    h = harness(taken_once)
+    assert h.manager.reset() == 2
+    assert [(w, e) for w, _, e, _ in h.backend.launches] == [(0, 0), (1, 1), (1, 2)]  # moved to id 2
+    assert h.manager.restart_counts == {}
+
+
+def test_port_moves_stop_after_max_port_moves(harness):
+    always_taken = lambda worker_id, incarnation: Behavior(fault=("port", 0)) if worker_id == 0 else Behavior()
+    h = harness(always_taken, run_options=quota(lifetime=0))
+    with pytest.raises(RemoteWorkerError) as info:
+        h.manager.reset()
+    assert info.value.type_name.endswith("UnityWorkerInUseException")
+    env_ids = [e for w, _, e, _ in h.backend.launches if w == 0]
+    assert env_ids == [0] + list(range(2, 2 + MAX_PORT_MOVES))  # each move to an id nobody uses
+
+
+# ------------------------------------------------------------- a failed worker's steps
+
+
+def test_the_steps_of_a_worker_that_fails_in_the_same_wait_are_dropped(harness):
+    h = harness(behave(w1=Behavior(fault=("reply_and_die", 3))), restart_backoff_s=10.0)
+    h.manager.reset()
+    for _ in range(50):
+        steps = h.manager.get_steps()
+        if h.manager.restart_counts:
+            assert all(s.worker_id != 1 for s in steps), "a step of the failed worker came back"
+            return
+    pytest.fail("the worker never failed")
+
+
+def test_reset_waits_for_a_worker_restarted_meanwhile(harness):
+    h = harness(behave(w1=Behavior(fault=("raise", 0), exception=UnityCommunicationException)))
+    assert h.manager.reset() == 2
+    assert sorted(s.worker_id for s in h.manager.first_step_infos) == [0, 1]
+    assert h.manager.restart_counts == {"unity": 1}
+
+
+def test_replies_of_a_replaced_incarnation_never_reach_the_trainer(harness):
+    """The fake backend hands over events of released incarnations too."""
+    h = harness(behave(w1=Behavior(fault=("reply_and_die", 2), step_s=0.001)), restart_backoff_s=0.0)
+    h.manager.reset()
+    h.step_until(lambda: h.manager.restart_counts == {"died": 1})
+    for _ in range(30):
+        for step in h.manager.get_steps():
+            assert h.manager._slots[step.worker_id].live
+
+
+# ------------------------------------------------------------------------------- close
+
+
+def test_close_releases_each_live_worker_the_way_its_state_calls_for(harness):
+    h = harness(behave(w1=Behavior(startup_s=100.0)), n_env=2, startup_timeout_s=200.0)
+    h.manager._pump()  # worker 0 is up; worker 1 still builds its env
+    assert [s.state for s in h.manager._slots] == [WorkerState.IDLE, WorkerState.STARTING]
+    h.manager.close()
+    assert sorted(h.backend.released) == [(0, 0, Reason.CLOSE), (1, 0, Reason.BUILDING)]
+    assert h.backend.closed
+    with pytest.raises(ManagerClosedError):
+        h.manager.get_steps()
+
+
+def test_a_second_interrupt_releases_every_worker_at_once(harness, monkeypatch):
+    h = harness(n_env=2)
+    h.manager.reset()
+    monkeypatch.setattr(signals, "_interrupts", 2)
+    h.manager.close()
+    assert sorted(h.backend.released) == [(0, 0, Reason.INTERRUPTED), (1, 0, Reason.INTERRUPTED)]
+
+
+def test_a_manager_whose_workers_all_failed_says_so(harness):
+    h = harness(behave(w0=Behavior(fault=("die", 2))), n_env=1, run_options=quota(lifetime=0))
+    h.manager.reset()
+    with pytest.raises(WorkerDiedError):
+        h.step_until(lambda: False)
+    with pytest.raises(AllWorkersFailedError):
+        h.manager.get_steps()
+
+
+# ------------------------------------------------------------------------- the machine
+
+
+def test_transitions_refuse_what_the_state_does_not_allow():
+    slot = Slot(0)
+    with pytest.raises(InvariantError):
+        slot.ready(123, 0.0, 1.0)  # not starting
+    slot.launch(0.0, 10.0)
+    slot.request(EnvironmentCommand.RESET, 0.0, 5.0)
+    assert slot.state is WorkerState.STARTING and slot.deadline == 10.0  # the start's clock
+    slot.ready(123, 1.0, 5.0)
+    assert slot.state is WorkerState.BUSY and slot.deadline == 6.0
+    slot.check()
+    with pytest.raises(InvariantError):
+        slot.launch(1.0, 10.0)  # one incarnation at a time
+    slot.answered()
+    slot.deadline = 3.0  # a bug elsewhere
+    with pytest.raises(InvariantError):
+        slot.check()
+
+
+# -------------------------------------------------------------- random fault schedules
+
+
+behaviors = st.builds(
+    Behavior,
+    startup_s=st.sampled_from([0.001, 0.5, 20.0]),
+    step_s=st.sampled_from([0.001, 0.05, 3.0]),
+    fault=st.one_of(st.none(), st.tuples(st.sampled_from(FAULTS), st.integers(0, 6))),
+    exception=st.sampled_from([RuntimeError, UnityCommunicationException]),
+)
+
+
+# The suite runs the same 400 schedules every time; LIFECYCLE_EXAMPLES=6000 explores new ones.
+EXPLORE = int(os.environ.get("LIFECYCLE_EXAMPLES", "0"))
+
+
+@settings(
+    max_examples=EXPLORE or 400,
+    derandomize=not EXPLORE,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    n_env=st.integers(1, 4),
+    plan=st.lists(behaviors, min_size=16, max_size=16),
+    restart_on=st.sampled_from([[], ["RuntimeError"]]),
+)
+def test_any_fault_schedule_keeps_the_manager_consistent(harness, n_env, plan, restart_on):
+    """Whatever fails when, and however: the invariants hold after every pump (checked by the
+    manager), every step returned comes from a worker that is up, and the manager either
+    steps or raises an error that says what failed; simulated time moves on."""
+    script = lambda worker_id, incarnation: plan[(4 * worker_id + incarnation) % 16] if incarnation < 4 else Behavior()
+    h = harness(script, n_env=n_env, run_options=quota(lifetime=3, rate_n=-1), restart_on=restart_on,
+                step_timeout_s=10.0, startup_timeout_s=30.0, restart_backoff_s=0.2)
+    expected = (WorkerDiedError, WorkerTimeoutError, RuntimeError, UnityCommunicationException, RemoteWorkerError)
+    try:
+        h.manager.reset()
+        for _ in range(40):
+            before = h.clock.now
+            for step in h.manager.get_steps():
+                assert h.manager._slots[step.worker_id].state is WorkerState.IDLE
+            assert h.clock.now >= before
+    except AllWorkersFailedError:
+        pass
+    except expected as error:
+        assert str(error) or isinstance(error, RuntimeError)
