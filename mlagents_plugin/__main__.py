@@ -84,8 +84,9 @@ def _check_runtime() -> List[str]:
         return [f"`mlagents-learn` cannot start: importing mlagents.trainers.learn raised {e!r}"]
     from mlagents_plugin import fast_protobuf
     from mlagents_plugin.integration import compat
+    from mlagents_plugin.ray import local as ray_local
 
-    problems += compat.check()
+    problems += compat.check() + ray_local.check()
     warning = fast_protobuf.slow_backend_warning()
     if warning:
         problems.append(warning)

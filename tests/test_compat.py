@@ -1,19 +1,78 @@
 """The ML-Agents internals we rely on (compat.py), exercised on ML-Agents' real classes."""
 import numpy as np
 import pytest
+from mlagents.trainers import cli_utils, learn
+from mlagents.trainers import settings as mla_settings
 from mlagents.trainers.agent_processor import AgentManager
 from mlagents.trainers.policy.torch_policy import TorchPolicy
 from mlagents.trainers.settings import NetworkSettings
 from mlagents.trainers.stats import StatsReporter
+from mlagents.trainers.torch_entities import model_serialization
 from mlagents.trainers.torch_entities.networks import SimpleActor
 
-from mlagents_plugin.integration import compat
+from mlagents_plugin.core.internals import Internal, original
+from mlagents_plugin.integration import compat, plugin
+from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.testing import SimpleEnvironment
 
 
 @pytest.mark.fast
 def test_nothing_compat_relies_on_is_missing():
     assert compat.check() == []
+
+
+@pytest.mark.fast
+def test_check_reports_a_missing_internal_and_a_changed_call(monkeypatch):
+    monkeypatch.setattr(compat, "INTERNALS", [
+        Internal("mlagents.trainers.learn:no_such_function", "test"),
+        Internal("mlagents.trainers.learn:run_training", "test", "NoSuchManager("),
+        Internal("mlagents.no_such_module:x", "test"),
+    ])
+    problems = compat.check()
+    assert len(problems) == 3
+    assert "mlagents.trainers.learn:no_such_function is missing" in problems[0]
+    assert "run_training no longer mentions 'NoSuchManager('" in problems[1]
+    assert "this ML-Agents is not supported" in problems[2]
+
+
+@pytest.fixture
+def ml_agents_hooks(monkeypatch):
+    """Put back every module attribute the plugin replaces when the test ends."""
+    for owner, name in [
+        (mla_settings, "load_config"),
+        (learn, "SubprocessEnvManager"),
+        (learn, "write_run_options"),
+        (model_serialization.ModelSerializer, "export_policy_model"),
+    ]:
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+
+
+@pytest.mark.fast
+def test_the_latest_registration_wins_and_hooks_wrap_ml_agents_own_functions(ml_agents_hooks, tmp_path):
+    plugin.register()
+    first = learn.SubprocessEnvManager.__self__
+    plugin.register()
+    latest = learn.SubprocessEnvManager.__self__
+    assert latest is not first
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("behaviors: {}\nenv_manager:\n  step_timeout_s: 7\n")
+    config = mla_settings.load_config(str(config_file))
+    assert "env_manager" not in config  # taken out once, by the latest registration
+    assert latest.settings.step_timeout_s == 7 and first.settings.step_timeout_s is None
+    # each hook wraps ML-Agents' original, not the previous registration's hook
+    assert original(mla_settings.load_config) is cli_utils.load_config
+
+
+@pytest.mark.fast
+def test_upstreams_export_runs_with_the_legacy_exporter(ml_agents_hooks):
+    """The run's .onnx files themselves are checked in test_cli.py."""
+    plugin.register()
+    wrapper = model_serialization.ModelSerializer.export_policy_model
+    assert original(wrapper).__module__ == model_serialization.__name__  # upstream's own body
+    export = model_serialization.torch.onnx.export
+    with compat._legacy_onnx_export():
+        assert model_serialization.torch.onnx.export.keywords == {"dynamo": False}
+    assert model_serialization.torch.onnx.export is export
 
 
 @pytest.mark.fast
@@ -38,3 +97,9 @@ def test_dropping_a_workers_trajectories_keeps_the_others():
     assert {gid for gid in tracked if gid.startswith("agent_12-")} == {
         f"agent_12-{i}" for i in np.arange(3)
     }
+
+
+@pytest.mark.fast
+def test_nothing_the_loopback_ray_relies_on_is_missing():
+    pytest.importorskip("ray", reason="the [ray] extra is not installed")
+    assert ray_local.check() == []

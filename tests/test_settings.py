@@ -46,8 +46,8 @@ def test_timeouts_derive_from_timeout_wait():
 
 @pytest.mark.timeout(60)
 def test_disabled_gives_back_upstreams_manager(monkeypatch):
-    monkeypatch.setattr(plugin, "_settings", parse_section({"enabled": False}))
-    manager = plugin.make_env_manager(make_factory(SimpleEnvironment), RunOptions(), 1)
+    run = plugin.Run(parse_section({"enabled": False}))
+    manager = run.make_env_manager(make_factory(SimpleEnvironment), RunOptions(), 1)
     try:
         assert type(manager) is SubprocessEnvManager
     finally:

@@ -1,14 +1,21 @@
-"""Every use of ML-Agents 1.1.0 internals, in one place.
+"""Every use of ML-Agents 1.1.0 internals, in one place, and the check that they still exist.
 
-The rest of the package uses ML-Agents' public classes only (EnvManager, BaseEnv, RunOptions,
-StatsReporter). What follows reaches into module globals and private attributes that
-ML-Agents does not promise to keep; ``check()`` verifies each of them, and
-``python -m mlagents_plugin doctor`` runs it, so an ML-Agents upgrade fails loudly here rather
-than subtly elsewhere.
+The rest of the package uses ML-Agents' public classes only (EnvManager and its protected
+``_step``/``_reset_env``/``_take_step`` contract, BaseEnv, RunOptions, StatsReporter). What
+follows replaces module attributes and reads private attributes that ML-Agents does not promise
+to keep. ``INTERNALS`` names each of them; ``check()`` verifies them all, and runs in
+``python -m mlagents_plugin doctor`` and in the test suite, so that an ML-Agents upgrade fails
+loudly there rather than subtly in a training run. (Ray's internals: ``ray.local.check``.)
+
+Each ``install_*`` wraps ML-Agents' original, never an earlier wrapper of ours: installing
+again (a second ``register()`` in one process, as tests do) replaces the hook, and the latest
+installation wins.
 """
+import contextlib
+import functools
 import itertools
 import os
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import cattr
 import yaml
@@ -18,35 +25,71 @@ from mlagents.trainers.agent_processor import AgentManager
 from mlagents.trainers.behavior_id_utils import get_global_agent_id
 from mlagents.trainers.exception import TrainerConfigError
 from mlagents.trainers.settings import EnvironmentSettings, strict_to_cls
+from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 from mlagents.trainers.torch_entities import model_serialization
-from mlagents_envs import logging_util
 
-logger = logging_util.get_logger(__name__)
+from mlagents_plugin.core.internals import ORIGINAL, Internal, original, verify
 
-_MARK = "_mlagents_plugin_hook"
+# What mlagents-learn would build without us (``enabled: false``).
+UPSTREAM_ENV_MANAGER = SubprocessEnvManager
 
-# The class mlagents-learn would build, saved before ``install_env_manager`` replaces it.
-UPSTREAM_ENV_MANAGER = learn.SubprocessEnvManager
+
+INTERNALS = [
+    Internal("mlagents.trainers.settings:load_config", "replaced: sees the YAML before it is validated"),
+    Internal("mlagents.trainers.settings:RunOptions.from_argparse", "reads the YAML via load_config", "load_config("),
+    Internal("mlagents.trainers.learn:SubprocessEnvManager", "replaced: run_training builds our manager"),
+    Internal("mlagents.trainers.learn:run_training", "builds the env manager", "SubprocessEnvManager("),
+    Internal("mlagents.trainers.learn:write_run_options", "replaced: adds env_manager to configuration.yaml"),
+    Internal("mlagents.trainers.settings:strict_to_cls", "structures EnvironmentSettings in our cattrs hook"),
+    Internal("mlagents.trainers.settings:EnvironmentSettings.validate_num_envs", "its refusal we relax",
+             "num_envs must be 1"),
+    Internal("mlagents.trainers.torch_entities.model_serialization:ModelSerializer.export_policy_model",
+             "wrapped: exports with dynamo=False", "torch.onnx.export("),
+    Internal("mlagents.trainers.agent_processor:AgentProcessor._clean_agent_data", "called on a replaced worker"),
+    Internal("mlagents.trainers.agent_processor:AgentProcessor._clear_group_status_and_obs",
+             "called on a replaced worker"),
+    Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "its per-agent dicts are read",
+             "self._experience_buffers"),
+    Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "", "self._last_step_result"),
+    Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "", "self._last_take_action_outputs"),
+    Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "", "self._episode_steps"),
+    # replaced in worker processes by local/player_watch.py (which must not import this module: torch)
+    Internal("mlagents_envs.env_utils:launch_executable", "replaced: watches each player it launches"),
+    Internal("mlagents_envs.environment:UnityEnvironment.__init__", "launches via env_utils.launch_executable",
+             "launch_executable("),
+]
+
+
+def check() -> List[str]:
+    """What of ``INTERNALS`` no longer matches the installed ML-Agents."""
+    return [f"ML-Agents: {p}; this ML-Agents is not supported (compat.py)." for p in verify(INTERNALS)]
+
+
+# ----------------------------------------------------------------------------- the hooks
+
+
+def _replace(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+    """Set ``owner.name`` to ``make(original)``, where original is ML-Agents' own."""
+    upstream = original(getattr(owner, name))
+    wrapper = make(upstream)
+    setattr(wrapper, ORIGINAL, upstream)
+    setattr(owner, name, wrapper)
 
 
 def install_yaml_section_hook(on_config: Callable[[Dict[str, Any]], None]) -> None:
-    """Let ``on_config`` see (and pop keys from) the trainer YAML before ML-Agents validates it.
+    """Let ``on_config`` see (and pop keys from) the trainer YAML before ML-Agents validates it
+    (``RunOptions.from_argparse`` rejects unknown top-level keys)."""
 
-    ``RunOptions.from_argparse`` rejects unknown top-level keys; it reads the file through the
-    module-level name ``load_config`` in ``mlagents.trainers.settings``.
-    """
-    original = mla_settings.load_config
-    if getattr(original, _MARK, False):
-        return
+    def make(original: Callable[[str], Dict[str, Any]]) -> Callable[[str], Dict[str, Any]]:
+        def load_config(config_path: str) -> Dict[str, Any]:
+            config = original(config_path)
+            if isinstance(config, dict):
+                on_config(config)
+            return config
 
-    def load_config(config_path: str) -> Dict[str, Any]:
-        config = original(config_path)
-        if isinstance(config, dict):
-            on_config(config)
-        return config
+        return load_config
 
-    setattr(load_config, _MARK, True)
-    mla_settings.load_config = load_config
+    _replace(mla_settings, "load_config", make)
 
 
 def install_env_manager(factory: Callable[..., Any]) -> None:
@@ -56,24 +99,19 @@ def install_env_manager(factory: Callable[..., Any]) -> None:
 
 def install_run_options_writer(extra_sections: Callable[[], Dict[str, Any]]) -> None:
     """Add ``extra_sections()`` to the ``configuration.yaml`` ML-Agents writes into the results
-    folder, so that ``mlagents-learn results/<run-id>/configuration.yaml`` runs the same again.
+    folder, so that ``mlagents-learn results/<run-id>/configuration.yaml`` runs the same again."""
 
-    ``run_training`` writes it through the module-level name ``write_run_options`` in
-    ``mlagents.trainers.learn``.
-    """
-    original = learn.write_run_options
-    if getattr(original, _MARK, False):
-        return
+    def make(original: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+        def write_run_options(output_dir: str, run_options: Any) -> None:
+            original(output_dir, run_options)
+            path = os.path.join(output_dir, "configuration.yaml")
+            if os.path.isfile(path):  # ML-Agents only warns when it cannot write it
+                with open(path, "a") as f:
+                    yaml.safe_dump(extra_sections(), f, sort_keys=False)
 
-    def write_run_options(output_dir: str, run_options: Any) -> None:
-        original(output_dir, run_options)
-        path = os.path.join(output_dir, "configuration.yaml")
-        if os.path.isfile(path):  # ML-Agents only warns when it cannot write it
-            with open(path, "a") as f:
-                yaml.safe_dump(extra_sections(), f, sort_keys=False)
+        return write_run_options
 
-    setattr(write_run_options, _MARK, True)
-    learn.write_run_options = write_run_options
+    _replace(learn, "write_run_options", make)
 
 
 def allow_many_envs_without_build(allowed: Callable[[EnvironmentSettings], bool]) -> None:
@@ -81,6 +119,7 @@ def allow_many_envs_without_build(allowed: Callable[[EnvironmentSettings], bool]
 
     ML-Agents' EnvironmentSettings validator refuses num_envs > 1 without a Unity build,
     because the Editor is a single env; a Python env (``env_manager.env``) has no such limit.
+    The hook goes into cattrs' global converter, which ML-Agents structures settings with.
     """
 
     def structure(d: Dict[str, Any], t: type) -> EnvironmentSettings:
@@ -99,36 +138,35 @@ def allow_many_envs_without_build(allowed: Callable[[EnvironmentSettings], bool]
 
 
 def use_legacy_onnx_exporter() -> None:
-    """Export ``.onnx`` models with TorchScript-based exporter.
+    """Make ML-Agents' ``export_policy_model`` export with ``dynamo=False``.
 
     torch 2.13's ``torch.onnx.export`` defaults to ``dynamo=True``, which needs the
     ``onnxscript`` package and, with it, would still not honour ML-Agents' opset 9. ML-Agents
     1.1.0 calls it without ``dynamo``, so the model Unity loads is never written and
-    ``mlagents-learn`` exits 1 at the very end of a run. This is ML-Agents'
-    ``export_policy_model`` with ``dynamo=False``.
+    ``mlagents-learn`` exits 1 at the very end of a run. Upstream's own function runs, with
+    ``torch.onnx.export`` defaulting to ``dynamo=False`` for the duration of the call.
     """
-    serializer = model_serialization.ModelSerializer
-    if getattr(serializer.export_policy_model, _MARK, False):
-        return
-    torch = model_serialization.torch
 
-    def export_policy_model(self: Any, output_filepath: str) -> None:
-        onnx_output_path = f"{output_filepath}.onnx"
-        with model_serialization.exporting_to_onnx():
-            torch.onnx.export(
-                self.policy.actor,
-                self.dummy_input,
-                onnx_output_path,
-                opset_version=model_serialization.SerializationSettings.onnx_opset,
-                input_names=self.input_names,
-                output_names=self.output_names,
-                dynamic_axes=self.dynamic_axes,
-                dynamo=False,
-            )
-        logger.info(f"Exported {onnx_output_path}")
+    def make(original: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
+        @functools.wraps(original)
+        def export_policy_model(self: Any, output_filepath: str) -> None:
+            with _legacy_onnx_export():
+                original(self, output_filepath)
 
-    setattr(export_policy_model, _MARK, True)
-    serializer.export_policy_model = export_policy_model
+        return export_policy_model
+
+    _replace(model_serialization.ModelSerializer, "export_policy_model", make)
+
+
+@contextlib.contextmanager
+def _legacy_onnx_export() -> Iterator[None]:
+    onnx = model_serialization.torch.onnx
+    export = onnx.export
+    onnx.export = functools.partial(export, dynamo=False)
+    try:
+        yield
+    finally:
+        onnx.export = export
 
 
 def drop_worker_trajectories(agent_managers: Dict[str, AgentManager], worker_id: int) -> None:
@@ -149,23 +187,3 @@ def drop_worker_trajectories(agent_managers: Dict[str, AgentManager], worker_id:
             manager._clean_agent_data(global_id)
             manager._clear_group_status_and_obs(global_id)
 
-
-def check() -> List[str]:
-    """What of the above no longer matches the installed ML-Agents."""
-    problems = []
-    expected = {
-        "mlagents.trainers.settings.load_config": hasattr(mla_settings, "load_config"),
-        "mlagents.trainers.learn.SubprocessEnvManager": hasattr(learn, "SubprocessEnvManager"),
-        "mlagents.trainers.learn.write_run_options": hasattr(learn, "write_run_options"),
-        "ModelSerializer.export_policy_model": hasattr(
-            model_serialization.ModelSerializer, "export_policy_model"
-        ),
-        "AgentProcessor._clean_agent_data": hasattr(AgentManager, "_clean_agent_data"),
-        "AgentProcessor._clear_group_status_and_obs": hasattr(
-            AgentManager, "_clear_group_status_and_obs"
-        ),
-    }
-    for name, present in expected.items():
-        if not present:
-            problems.append(f"ML-Agents no longer has {name}; this ML-Agents is not supported.")
-    return problems

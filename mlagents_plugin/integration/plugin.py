@@ -5,7 +5,7 @@ the YAML. Our entry point returns no trainers; it installs the hooks (see compat
 take the ``env_manager:`` section out of the YAML, validate it, and make ``run_training``
 call ``make_env_manager`` where it would construct ``SubprocessEnvManager``.
 """
-from typing import Any, Callable, Dict, List, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 from mlagents.trainers.env_manager import EnvManager
 from mlagents.trainers.exception import TrainerConfigError
@@ -27,64 +27,71 @@ from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_se
 
 logger = logging_util.get_logger(__name__)
 
-# The section of the YAML being run; the defaults when the YAML has none (or there is no YAML).
-_settings = EnvManagerSettings()
-
-
 def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The ``mlagents.trainer_type`` entry point: install the hooks, add no trainer types."""
-    compat.install_yaml_section_hook(_take_section)
-    compat.allow_many_envs_without_build(lambda env_settings: _settings.env is not None)
-    compat.install_env_manager(make_env_manager)
-    compat.install_run_options_writer(lambda: {SECTION: _settings.as_dict()})
+    """The ``mlagents.trainer_type`` entry point: install the hooks, add no trainer types.
+
+    The hooks share one ``Run``; registering again (another run in this process) installs new
+    hooks around ML-Agents' originals, and the latest registration wins."""
+    run = Run()
+    compat.install_yaml_section_hook(run.take_section)
+    compat.allow_many_envs_without_build(lambda env_settings: run.settings.env is not None)
+    compat.install_env_manager(run.make_env_manager)
+    compat.install_run_options_writer(lambda: {SECTION: run.settings.as_dict()})
     compat.use_legacy_onnx_exporter()
     return {}, {}
 
 
-def _take_section(config: Dict[str, Any]) -> None:
-    global _settings
-    _settings = parse_section(config.pop(SECTION, None))
-    if _settings.env is not None:
-        python_envs.resolve(_settings.env)  # fails here, before ML-Agents makes the run folder
-    if _settings.enabled and _settings.backend == "subprocess" and _settings.start_method == "forkserver":
-        # What the env factory will need: the Python env's module, or UnityEnvironment.
-        env_module = _settings.env.partition(":")[0] if _settings.env else "mlagents_envs.environment"
-        start_fork_server([env_module])  # NOTE [ Worker start-up ]
+class Run:
+    """One ``mlagents-learn`` run: the ``env_manager:`` section of its YAML (defaults without
+    one), and the env manager it builds from it."""
 
+    def __init__(self, settings: Optional[EnvManagerSettings] = None):
+        self.settings = settings or EnvManagerSettings()
 
-def make_env_manager(
-    env_factory: Callable[[int, List[SideChannel]], BaseEnv],
-    run_options: RunOptions,
-    n_env: int = 1,
-) -> EnvManager:
-    """What ``mlagents-learn`` calls instead of ``SubprocessEnvManager(...)``."""
-    if not _settings.enabled:
-        ignored = _settings.ignored_when_disabled()
-        logger.info(
-            f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager"
-            + (f"; these settings do not apply to it: {', '.join(ignored)}." if ignored else ".")
-        )
-        return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)
-    settings = _settings.resolved(run_options)
-    if settings.env is not None:
-        if run_options.env_settings.env_path is not None:
-            raise TrainerConfigError(
-                f"Both --env ({run_options.env_settings.env_path}) and {SECTION}.env "
-                f"({settings.env}) are set; a run trains on one environment: remove one."
+    def take_section(self, config: Dict[str, Any]) -> None:
+        """Take the section out of the YAML (ML-Agents refuses unknown keys) and check it."""
+        self.settings = settings = parse_section(config.pop(SECTION, None))
+        if settings.env is not None:
+            python_envs.resolve(settings.env)  # fails here, before ML-Agents makes the run folder
+        if settings.enabled and settings.backend == "subprocess" and settings.start_method == "forkserver":
+            # What the env factory will need: the Python env's module, or UnityEnvironment.
+            env_module = settings.env.partition(":")[0] if settings.env else "mlagents_envs.environment"
+            start_fork_server([env_module])  # NOTE [ Worker start-up ]
+
+    def make_env_manager(
+        self,
+        env_factory: Callable[[int, List[SideChannel]], BaseEnv],
+        run_options: RunOptions,
+        n_env: int = 1,
+    ) -> EnvManager:
+        """What ``mlagents-learn`` calls instead of ``SubprocessEnvManager(...)``."""
+        if not self.settings.enabled:
+            ignored = self.settings.ignored_when_disabled()
+            logger.info(
+                f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager"
+                + (f"; these settings do not apply to it: {', '.join(ignored)}." if ignored else ".")
             )
-        env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
-    manager_class = _manager_class(settings)
-    signals.install()  # NOTE [ Trainer signals ]
-    slow = fast_protobuf.slow_backend_warning()
-    if slow:
-        logger.warning("!" * 80 + "\n" + slow + "\n" + "!" * 80)
-    path = write_effective_settings(settings, run_options, manager_class.__name__)
-    described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
-    logger.info(
-        f"Env manager: {manager_class.__name__} (mlagents-plugin) with {n_env} worker(s); "
-        f"{described}" + (f"; written to {path}" if path else "")
-    )
-    return manager_class(env_factory, run_options, n_env, settings)
+            return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)
+        settings = self.settings.resolved(run_options)
+        if settings.env is not None:
+            if run_options.env_settings.env_path is not None:
+                raise TrainerConfigError(
+                    f"Both --env ({run_options.env_settings.env_path}) and {SECTION}.env "
+                    f"({settings.env}) are set; a run trains on one environment: remove one."
+                )
+            env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
+        manager_class = _manager_class(settings)
+        signals.install()  # NOTE [ Trainer signals ]
+        slow = fast_protobuf.slow_backend_warning()
+        if slow:
+            logger.warning("!" * 80 + "\n" + slow + "\n" + "!" * 80)
+        path = write_effective_settings(settings, run_options, manager_class.__name__)
+        described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
+        logger.info(
+            f"Env manager: {manager_class.__name__} (mlagents-plugin) with {n_env} worker(s); "
+            f"{described}" + (f"; written to {path}" if path else "")
+        )
+        return manager_class(env_factory, run_options, n_env, settings)
 
 
 def _manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:

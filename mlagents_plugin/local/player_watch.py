@@ -99,7 +99,7 @@ class PlayerWatch:
 def hook_launches(on_launch: Callable[["subprocess.Popen[bytes]", List[str]], None]) -> None:
     """Call ``on_launch(process, args)`` for every player mlagents-envs launches in this
     process. ``UnityEnvironment`` calls the module attribute ``env_utils.launch_executable``;
-    compat.check() verifies that it still exists."""
+    ``integration.compat.INTERNALS`` lists it, so that the doctor checks it is still there."""
     original = env_utils.launch_executable
 
     def launch_executable(file_name: str, args: List[str]) -> "subprocess.Popen[bytes]":

@@ -22,13 +22,38 @@ import shutil
 import socket
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from mlagents_plugin.core.internals import Internal, verify
 from mlagents_plugin.local import processes
 from mlagents_plugin.local import reaper as reaper_script
 
 LOOPBACK = "127.0.0.1"
 _DEAD_PORT = "http://127.0.0.1:9"  # discard: nothing listens, so a connect is refused at once
+
+
+# Ray's internals this module relies on (pinned ray==2.60.0), checked by ``check()``.
+INTERNALS = [
+    Internal("ray._private.ray_constants:ENABLE_RAY_CLUSTER", "reset when Ray was imported before prepare_environment"),
+    Internal("ray._private.ray_constants:ENABLE_RAY_CLUSTERS_ENV_VAR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is read"),
+    Internal("ray._raylet:Config.initialize", "re-reads Ray's configuration from the environment"),
+    Internal("ray._raylet:AuthenticationTokenLoader.instance", "re-reads RAY_AUTH_TOKEN"),
+    Internal("ray._raylet:AuthenticationTokenLoader.reset_cache", "re-reads RAY_AUTH_TOKEN"),
+    Internal("ray._common.usage.usage_lib:_usage_stats_report_url", "its URL goes to a dead loopback port",
+             "RAY_USAGE_STATS_REPORT_URL"),
+    Internal("ray._private.worker:init", "private arguments: the node's address", "_node_ip_address"),
+    Internal("ray._private.worker:init", "private arguments: a short temp dir", "_temp_dir"),
+    Internal("ray.cluster_utils:Cluster", "the multi-node loopback cluster (tests, benchmarks)"),
+]
+
+
+def check() -> List[str]:
+    """What of ``INTERNALS`` no longer matches the installed Ray (none when Ray is not installed)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return []
+    return [f"Ray: {p}; the loopback Ray is not safe with this Ray (ray/local.py)." for p in verify(INTERNALS)]
 
 
 def loopback_environment() -> Dict[str, str]:
