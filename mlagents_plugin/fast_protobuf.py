@@ -21,7 +21,7 @@
 # intercepted import, and with protobuf < 4 the finder steps aside and the original files load.
 """
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 PACKAGE = "mlagents_envs.communicator_objects"
 PTH_NAME = "mlagents_plugin_fast_protobuf.pth"
@@ -89,7 +89,8 @@ class _Finder:
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or not spec.origin:
             return None
-        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=_Loader(spec.origin))
+        loader = cast(Any, _Loader(spec.origin))  # typeshed wants the legacy load_module, never called
+        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=loader)
 
 
 class _Loader:

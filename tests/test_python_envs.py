@@ -10,6 +10,7 @@ from mlagents.trainers.exception import TrainerConfigError
 from mlagents_plugin.core import factories
 from mlagents_plugin.core.settings import parse_section
 from mlagents_plugin.integration import python_envs
+from mlagents_plugin.testing import raising_factory
 
 SOURCE = textwrap.dedent(
     """
@@ -62,6 +63,17 @@ def test_factory_from_a_module_a_fresh_process_cannot_import(
 def test_importable_factories_are_pickled_by_reference():
     factory = python_envs.make_env_factory("mlagents_plugin.testing:simple_env", {})
     assert b"mlagents_plugin.testing.simple_env" in factories.dumps_factory(factory)
+
+
+class ScriptError(Exception):
+    """An exception type of a module other machines cannot import (this test module)."""
+
+
+@pytest.mark.fast
+def test_what_a_closure_holds_is_shipped_to_other_machines_by_value():
+    factory = raising_factory(ScriptError, "no env")  # a closure over ScriptError
+    assert __name__ in factories.modules_to_load(factories.dumps_factory(factory))  # by reference
+    assert __name__ not in factories.modules_to_load(factories.dumps_factory(factory, other_machines=True))
 
 
 @pytest.mark.parametrize(

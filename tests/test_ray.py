@@ -1,4 +1,5 @@
-"""RayEnvManager on the session's loopback Ray cluster: training, faults, node loss, close.
+"""RayEnvManager on the session's loopback Ray cluster: actors, players, node loss, close (what
+every backend does: test_contract.py).
 
 Every test here shares one Ray (the ``ray_cluster`` fixture, conftest.py) and one xdist worker.
 """
@@ -7,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,25 +17,17 @@ from helpers import free_port_block, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
 
-from mlagents_plugin.core.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
+from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.ray.backend import RayEnvManager
 from mlagents_plugin.testing import (
-    HangingEnvironment,
     PlayerLaunchingEnvironment,
     SimpleEnvironment,
-    UnexpectedExceptionEnvironment,
-    UnpicklableExceptionEnvironment,
     make_factory,
 )
-from mlagents_plugin.testing.training import check_environment_trains, train
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
-
-
-class CustomTestOnlyException(Exception):
-    pass
 
 
 @pytest.fixture
@@ -62,27 +54,6 @@ def ray_manager(ray_cluster):
     ray_cluster.assert_no_outside_connects()
 
 
-@pytest.mark.timeout(300)
-def test_ppo_trains_through_ray_actors(ray_manager):
-    manager = ray_manager(make_factory(SimpleEnvironment), 2)
-    check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
-
-
-@pytest.mark.timeout(300)
-def test_actor_killed_mid_run_is_restarted_and_training_continues(ray_manager):
-    manager = ray_manager(make_factory(SimpleEnvironment), 2, restart_backoff_s=0.0)
-    manager.reset()
-    actor_pid = _actor_pid(manager, 1)
-    killer = threading.Timer(3.0, os.kill, (actor_pid, signal.SIGKILL))
-    killer.start()
-    try:
-        check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
-    finally:
-        killer.cancel()
-    assert manager.restart_counts == {"died": 1}
-    assert _actor_pid(manager, 1) != actor_pid
-
-
 @pytest.mark.timeout(120)
 def test_actor_death_is_a_worker_death_naming_the_actor(ray_manager):
     run_options = RunOptions()
@@ -99,56 +70,6 @@ def test_actor_death_is_a_worker_death_naming_the_actor(ray_manager):
     assert f"in Ray actor pid {actor_pid} on node 127.0.0.1" in str(info.value)
     assert "its Ray actor died" in str(info.value)
     assert "no restarts left" in info.value.__notes__[-1]
-
-
-@pytest.mark.timeout(120)
-def test_custom_exception_reaches_the_trainer_with_its_type(ray_manager):
-    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=CustomTestOnlyException, after_steps=5)
-    manager = ray_manager(factory, 2)
-    with pytest.raises(CustomTestOnlyException) as info:
-        train(manager, max_steps=1000)
-    assert isinstance(info.value.__cause__, RemoteTraceback)
-    assert "in fire" in str(info.value.__cause__)
-    assert any("during STEP" in note for note in info.value.__notes__)
-
-
-@pytest.mark.timeout(120)
-def test_unpicklable_exception_arrives_by_name(ray_manager):
-    manager = ray_manager(make_factory(UnpicklableExceptionEnvironment, after_steps=2), 1)
-    manager.reset()
-    with pytest.raises(RemoteWorkerError) as info:
-        for _ in range(100):
-            manager.get_steps()
-    assert info.value.type_name.endswith("LockHoldingError")
-
-
-@pytest.mark.timeout(120)
-def test_steps_slower_than_the_relays_wait_are_not_hangs(ray_manager):
-    """An actor waits for its worker in bounded slices (ray_actor.RELAY_WAIT_S); a step that
-    takes longer must still come back as a step, not as a hang."""
-    manager = ray_manager(make_factory(SimpleEnvironment, step_sleep_s=1.5), 2, step_timeout_s=30.0)
-    manager.reset()
-    stepped = set()
-    for _ in range(4):
-        stepped |= {step.worker_id for step in manager.get_steps()}
-    assert stepped == {0, 1}
-    assert manager.restart_counts == {}
-
-
-@pytest.mark.timeout(120)
-def test_hung_actor_is_killed_and_restarted(ray_manager, caplog):
-    factory = make_factory(HangingEnvironment, after_steps=20, only_worker=1)
-    manager = ray_manager(factory, 2, step_timeout_s=2.0, restart_backoff_s=0.0)
-    manager.reset()
-    hung_actor = _actor_pid(manager, 1)
-    deadline = time.monotonic() + 60
-    while manager.restart_counts.get("hung") != 1 and time.monotonic() < deadline:
-        manager.get_steps()
-    assert manager.restart_counts == {"hung": 1}
-    assert "Zombie worker report: env worker 1" in caplog.text
-    assert not _alive_after([hung_actor], 5.0)
-    for _ in range(50):  # the restarted worker steps again (it hangs only once: after_steps counts anew)
-        manager.get_steps()
 
 
 @pytest.mark.timeout(180)

@@ -68,7 +68,7 @@ def test_asking_for_ray_without_ray_says_how_to_install_it():
         "from mlagents_plugin.integration import plugin\n"
         "from mlagents_plugin.core.settings import EnvManagerSettings\n"
         "try:\n"
-        "    plugin._manager_class(EnvManagerSettings(backend='ray'))\n"
+        "    plugin.env_manager_class(EnvManagerSettings(backend='ray'))\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )

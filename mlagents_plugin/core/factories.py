@@ -71,6 +71,9 @@ def _referenced_modules(obj: Any) -> List[ModuleType]:
         if isinstance(item, dict):
             pending.extend(item.values())
             continue
+        # what a closure or default argument holds (e.g. an exception type the factory raises)
+        pending.extend(_closure_contents(item))
+        pending.extend(getattr(item, "__defaults__", None) or ())
         owner = getattr(item, "__self__", None)
         if owner is not None and not isinstance(owner, ModuleType):
             pending.append(type(owner))
@@ -79,6 +82,16 @@ def _referenced_modules(obj: Any) -> List[ModuleType]:
             names.add(module_name)
     names.discard("__main__")  # cloudpickle always ships __main__ by value
     return [sys.modules[name] for name in sorted(names) if name in sys.modules]
+
+
+def _closure_contents(function: Any) -> List[Any]:
+    contents = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            contents.append(cell.cell_contents)
+        except ValueError:  # a closure variable not assigned yet
+            pass
+    return contents
 
 
 def _installed(module: ModuleType) -> bool:
@@ -104,7 +117,7 @@ def _importable_by_name(module: ModuleType) -> bool:
     spec = _find_spec_afresh(name.partition(".")[0])
     if spec is None:
         return False
-    roots = list(spec.submodule_search_locations or [spec.origin])
+    roots = list(spec.submodule_search_locations or ([spec.origin] if spec.origin else []))
     path = os.path.realpath(path)
     return any(path.startswith(os.path.realpath(root)) for root in roots if root)
 

@@ -78,6 +78,9 @@ class SupervisedManagerBase(EnvManager):
             )
         self.run_options = run_options
         self.settings = (settings or EnvManagerSettings()).resolved(run_options)
+        assert self.settings.startup_timeout_s is not None and self.settings.step_timeout_s is not None
+        self._startup_timeout_s: float = self.settings.startup_timeout_s  # resolved: never None
+        self._step_timeout_s: float = self.settings.step_timeout_s
         self._clock = clock
         other_machines = getattr(backend, "WORKERS_ON_OTHER_MACHINES", False)
         self._pickled_factory = factories.dumps_factory(env_factory, other_machines=other_machines)
@@ -256,7 +259,7 @@ class SupervisedManagerBase(EnvManager):
     # ------------------------------------------------------------------ worker lifecycle
 
     def _launch(self, slot: Slot) -> None:
-        slot.launch(self._clock(), self.settings.startup_timeout_s)
+        slot.launch(self._clock(), self._startup_timeout_s)
         self._backend.launch(slot, self._worker_spec(slot))
 
     def _worker_spec(self, slot: Slot) -> WorkerSpec:
@@ -281,7 +284,7 @@ class SupervisedManagerBase(EnvManager):
 
     def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         """Send a request that has a reply (STEP, RESET), and start its clock."""
-        slot.request(cmd, self._clock(), self.settings.step_timeout_s)
+        slot.request(cmd, self._clock(), self._step_timeout_s)
         self._send(slot, cmd, payload)
 
     # ------------------------------------------------------------------------- events
@@ -335,7 +338,7 @@ class SupervisedManagerBase(EnvManager):
         if response.cmd is EnvironmentCommand.READY:
             hello: WorkerHello = response.payload
             slot.behavior_specs.update(hello.behavior_specs or {})
-            slot.ready(hello.pid, self._clock(), self.settings.step_timeout_s)
+            slot.ready(hello.pid, self._clock(), self._step_timeout_s)
         elif response.cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
             payload: StepPayload = response.payload
             if payload.behavior_specs:

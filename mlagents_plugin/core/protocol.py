@@ -87,7 +87,7 @@ class WorkerHello(NamedTuple):
     """Sent once with READY, after the env factory returned."""
 
     pid: int
-    behavior_specs: Dict[str, Any]
+    behavior_specs: Optional[Dict[str, Any]]  # None if the env knows of no behaviour yet
 
 
 class EncodedSteps(NamedTuple):

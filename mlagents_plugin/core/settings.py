@@ -49,8 +49,8 @@ def _finite(instance: Any, attribute: "attr.Attribute", value: float) -> None:
         raise ValueError(f"'{attribute.name}' must be a finite number (got {value!r}).")
 
 
-_timeout = dict(converter=_float, validator=[attr.validators.instance_of(float), _bounded, _positive])
-_optional_timeout = dict(
+_timeout: Dict[str, Any] = dict(converter=_float, validator=[attr.validators.instance_of(float), _bounded, _positive])
+_optional_timeout: Dict[str, Any] = dict(
     default=None,
     converter=attr.converters.optional(_float),
     validator=[attr.validators.optional(attr.validators.instance_of(float)), _bounded, _positive],

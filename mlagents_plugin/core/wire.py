@@ -90,6 +90,7 @@ class Encoder:
             array = np.ascontiguousarray(array)
             size = _padded(array.nbytes)
             if is_big and segment is not None:
+                assert segment.buf is not None  # open: close() forgets the segment
                 np.frombuffer(segment.buf, array.dtype, array.size, shared_offset)[:] = array.reshape(-1)
                 slots.append((array.dtype.str, array.shape, True, shared_offset))
                 shared_offset += size
@@ -139,6 +140,7 @@ class Decoder:
         arrays = []
         for dtype, shape, in_segment, offset in encoded.slots:
             if in_segment:  # copied out: the worker writes its next step there (NOTE above)
+                assert shared is not None and shared.buf is not None  # the reply named the segment
                 array = np.frombuffer(shared.buf, dtype, math.prod(shape), offset).copy()
             else:
                 array = np.frombuffer(encoded.buffer, dtype, math.prod(shape), offset)

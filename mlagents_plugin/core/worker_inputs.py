@@ -52,7 +52,7 @@ def parameter_calls(config: Optional[Dict[str, Any]]) -> List[ParameterCall]:
     recorder = _CallRecorder()
     for key, value in (config or {}).items():
         if isinstance(value, ParameterRandomizationSettings):
-            value.apply(key, recorder)  # type: ignore[arg-type]
+            value.apply(key, recorder)
         elif isinstance(value, (int, float)):  # as SimpleEnvManager accepts
             recorder.set_float_parameter(key, float(value))
     return recorder.calls

@@ -80,7 +80,7 @@ class Run:
                     f"({settings.env}) are set; a run trains on one environment: remove one."
                 )
             env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
-        manager_class = _manager_class(settings)
+        manager_class = env_manager_class(settings)
         signals.install()  # NOTE [ Trainer signals ]
         slow = fast_protobuf.slow_backend_warning()
         if slow:
@@ -94,7 +94,8 @@ class Run:
         return manager_class(env_factory, run_options, n_env, settings)
 
 
-def _manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
+def env_manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
+    """The class of ``settings.backend``: SupervisedEnvManager, or RayEnvManager (needs Ray)."""
     if settings.backend == "subprocess":
         return SupervisedEnvManager
     try:

@@ -17,12 +17,13 @@ every worker it was told of that still runs (checked by start time, so a reused 
 and their descendants, and every process tagged with OWNER_PREFIX; then it removes the
 supervisor's segments and directories, says what it did on stderr if it did anything, and exits.
 """
+import io
 import os
 import select
 import shutil
 import signal
 import sys
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, cast
 
 OWNER_ENV = b"MLAGENTS_PLUGIN_OWNER="
 OWNER_ROOT = "mlagents-plugin/"  # + supervisor pid + "-" + token + "/" ...
@@ -106,7 +107,7 @@ def _kill(pids: Set[int]) -> List[int]:
 
 
 def _remove_segments(prefix: str) -> List[str]:
-    removed = []
+    removed: List[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
@@ -133,14 +134,14 @@ def sweep() -> Tuple[List[int], List[str], List[str]]:
     killed = _kill(orphans)
     segments: List[str] = []
     for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else []:
-        pid = name[len(SEGMENT_ROOT):].partition("_")[0] if name.startswith(SEGMENT_ROOT) else ""
-        if pid.isdigit() and _gone(int(pid), None):
+        owner_pid = name[len(SEGMENT_ROOT):].partition("_")[0] if name.startswith(SEGMENT_ROOT) else ""
+        if owner_pid.isdigit() and _gone(int(owner_pid), None):
             segments += _remove_segments(name)
     dirs = []
     parent, stem = os.path.split(DIR_ROOT)
     for name in os.listdir(parent):
-        pid = name[len(stem):].partition("-")[0] if name.startswith(stem) else ""
-        if pid.isdigit() and _gone(int(pid), None):
+        owner_pid = name[len(stem):].partition("-")[0] if name.startswith(stem) else ""
+        if owner_pid.isdigit() and _gone(int(owner_pid), None):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             dirs.append(name)
     return killed, segments, dirs
@@ -157,12 +158,14 @@ def main(argv: List[str]) -> int:
     sweep()
     workers: Dict[int, int] = {}
     dirs: List[str] = []
-    stdin = sys.stdin.buffer.raw  # unbuffered: select() must see what is not yet read
+    # unbuffered: select() must see what is not yet read (typeshed types stdin's buffer as BinaryIO)
+    stdin: Optional[io.FileIO] = cast("io.BufferedReader[io.FileIO]", sys.stdin.buffer).raw
     pending = b""
     while watched is not None:
         ready, _, _ = select.select([watched] + ([stdin] if stdin else []), [], [])
         if watched in ready:
             break
+        assert stdin is not None  # once it is closed, only the pidfd can be ready
         chunk = os.read(stdin.fileno(), 65536)
         if not chunk:
             stdin = None  # the supervisor closed it (or exited): wait for its pidfd alone

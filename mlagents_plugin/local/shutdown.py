@@ -176,6 +176,7 @@ class Ladder:
         self._signal(item, stage)
 
     def _signal(self, item: _Departure, stage: Stage) -> None:
+        assert item.process.pid is not None  # started
         item.descendants += processes.descendants(item.process.pid)
         try:
             if stage is Stage.TERM:

@@ -86,6 +86,7 @@ class ProcessBackend(Backend):
     def launch(self, slot: Slot, spec: WorkerSpec) -> None:
         spec = spec._replace(owner_tag=self._owner_tag(slot), segment_prefix=self._segment_prefix(slot))
         process, conn = start_worker(self._context, spec)
+        assert process.pid is not None  # started
         processes.reaper.watch_worker(process.pid)  # NOTE [ No orphans ]
         slot.placement = Placement(slot.worker_id, process.pid, "localhost")
         self._workers[slot.worker_id] = _Worker(process, conn)
@@ -200,6 +201,7 @@ class ProcessBackend(Backend):
         except (EOFError, OSError):
             # The worker's end is closed: it died or is about to. Stop watching the pipe (it
             # would stay readable and spin the wait); the sentinel or the deadline decides.
+            assert conn is not None  # only reading it raises these
             self._readiness.forget(conn)
             conn.close()
             self._workers[slot.worker_id] = worker._replace(conn=None)

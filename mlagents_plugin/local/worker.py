@@ -99,7 +99,8 @@ def worker_preload() -> List[str]:
 def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, Connection]:
     """Start a worker process; return it and the trainer's end of its duplex pipe."""
     parent_conn, child_conn = context.Pipe(duplex=True)
-    process = context.Process(
+    # typeshed's BaseContext has no Process; every concrete context (spawn, fork, forkserver) has one
+    process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
         args=(child_conn, spec),
         name=f"mlagents-plugin-env-worker-{spec.worker_id}",
@@ -254,6 +255,7 @@ class _Worker:
         )
 
     def _serve(self) -> None:
+        assert self.env is not None  # _build_env made it
         while True:
             request = unpack_request(self.conn.recv_bytes())
             self.command = request.cmd
@@ -280,6 +282,7 @@ class _Worker:
 
     def _step_payload(self) -> StepPayload:
         env = self.env
+        assert env is not None
         failed_before = self.encoder.shared_memory_failed
         encoded = self.encoder.encode({name: env.get_steps(name) for name in env.behavior_specs})
         if self.encoder.shared_memory_failed and not failed_before:
@@ -296,6 +299,7 @@ class _Worker:
 
     def _new_behavior_specs(self) -> Optional[Dict[str, Any]]:
         """All behaviour specs, but only when the env knows of behaviours not reported yet."""
+        assert self.env is not None
         specs = self.env.behavior_specs
         if len(specs) == self.sent_spec_count:
             return None

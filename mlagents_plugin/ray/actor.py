@@ -9,8 +9,8 @@ This module does not import Ray: ray_backend.py turns ``EnvWorkerActor`` into an
 import multiprocessing
 import os
 import secrets
-from multiprocessing.connection import wait
-from typing import Any, NamedTuple, Optional, Tuple
+from multiprocessing.connection import Connection, wait
+from typing import Any, List, NamedTuple, Optional, Tuple, Union
 
 from mlagents_envs import logging_util
 
@@ -67,6 +67,7 @@ class EnvWorkerActor:
         self.kill_grace_s = kill_grace_s
         self.where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
         self.process, self.conn = start_worker(multiprocessing.get_context("spawn"), self.spec)
+        assert self.process.pid is not None  # started
         processes.reaper.watch_worker(self.process.pid)  # NOTE [ No orphans ]
 
     def start(self) -> ActorReply:
@@ -89,7 +90,7 @@ class EnvWorkerActor:
         """CLOSE the worker, then the ladder; return its timers (or None) and how it went."""
         spec = self.spec
         self.tell(pack(EnvironmentRequest(EnvironmentCommand.CLOSE, spec.worker_id, spec.incarnation)))
-        timers = []
+        timers: List[Any] = []
         readiness = Readiness()
         ladder = Ladder(self.shutdown_timeout_s, self.kill_grace_s, readiness)
         ladder.add(
@@ -113,7 +114,7 @@ class EnvWorkerActor:
         Each wait is bounded; the whole is bounded by the trainer, which kills this actor when
         its deadline passes (startup_timeout_s, step_timeout_s).
         """
-        watched = [self.conn, self.process.sentinel]
+        watched: List[Union[Connection, int]] = [self.conn, self.process.sentinel]
         while True:
             ready = wait(watched, timeout=RELAY_WAIT_S)
             if self.conn in ready:

@@ -7,6 +7,7 @@ blocks in ``ray.wait`` on every call in flight; a lost actor or node is a worker
 worker is killed with ``ray.kill``. docs/ray.md says how to run it on a cluster and what fails
 how.
 """
+import math
 import os
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -83,7 +84,7 @@ class RayBackend(Backend):
         n_env = setup.n_env
         self._leave_ray = ray_local.connect(
             ray_settings.address,
-            num_cpus=max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker),
+            num_cpus=math.ceil(max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker)),
             resources={k: v * n_env for k, v in ray_settings.resources.items()},
         )  # NOTE [ Sharing Ray in one process ]
         self._actor_class = ray.remote(EnvWorkerActor).options(
@@ -99,7 +100,8 @@ class RayBackend(Backend):
         # The actor fills in its own tags: NOTE [ Ray actors host a worker process ].
         actor = self._actor_class.remote(spec, self._shutdown_timeout_s, self._kill_grace_s)
         self._actors[slot.worker_id] = actor
-        self._in_flight[actor.start.remote()] = (slot, slot.incarnation)
+        # Ray's stubs type an actor's methods as the class's plain functions, without .remote
+        self._in_flight[actor.start.remote()] = (slot, slot.incarnation)  # type: ignore[attr-defined]
 
     def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
         # Ray runs one caller's calls on an actor in the order they were made. Calls without

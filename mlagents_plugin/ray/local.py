@@ -16,6 +16,7 @@
 # A cluster given by address is the user's: its settings are left alone (docs/ray.md).
 """
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -85,7 +86,7 @@ def prepare_environment() -> str:
         # configuration and token (RAY_AUTH_MODE, RAY_AUTH_TOKEN), read again as Ray's own
         # tests do, and RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, kept in a module constant.
         from ray._private import ray_constants
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # Cython, no stubs
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
@@ -104,7 +105,7 @@ class LocalRay:
     """A one-node Ray this process started on loopback; ``stop`` ends it and puts back the
     process environment as it was before ``start``."""
 
-    def __init__(self, num_cpus: Optional[float] = None, resources: Optional[Dict[str, float]] = None):
+    def __init__(self, num_cpus: Optional[int] = None, resources: Optional[Dict[str, float]] = None):
         import ray
 
         self._saved_environment = dict(os.environ)
@@ -117,7 +118,7 @@ class LocalRay:
                 _temp_dir=self.temp_dir,
                 num_cpus=num_cpus,
                 resources=resources or None,
-                logging_level="WARNING",
+                logging_level=logging.WARNING,
             )
         except BaseException:
             self.stop()
@@ -147,7 +148,7 @@ def _restore(key: str, saved: Dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def loopback_cluster(num_cpus: float) -> Iterator[Any]:
+def loopback_cluster(num_cpus: int) -> Iterator[Any]:
     """A Ray ``Cluster`` on loopback (ray.cluster_utils: each node is a set of processes on this
     machine) with this process connected to it, for tests and benchmarks that add and remove
     nodes. A lost node is noticed in about 2 s (health checks every 0.5 s) rather than 15."""
@@ -172,7 +173,7 @@ def loopback_cluster(num_cpus: float) -> Iterator[Any]:
                 },
             ),
         )
-        ray.init(address=cluster.address, _node_ip_address=LOOPBACK, logging_level="WARNING")
+        ray.init(address=cluster.address, _node_ip_address=LOOPBACK, logging_level=logging.WARNING)
         yield cluster
     finally:
         ray.shutdown()
@@ -212,7 +213,7 @@ _ours: Optional[Callable[[], None]] = None  # ends the connection we made
 _users = 0
 
 
-def connect(address: Optional[str], num_cpus: float, resources: Dict[str, float]) -> Callable[[], None]:
+def connect(address: Optional[str], num_cpus: int, resources: Dict[str, float]) -> Callable[[], None]:
     """Make sure this process is connected to Ray; return what to call when done with it.
 
     No address: a one-node Ray on loopback (``LocalRay``) with ``num_cpus`` logical CPUs and
@@ -228,7 +229,7 @@ def connect(address: Optional[str], num_cpus: float, resources: Dict[str, float]
             _ours = LocalRay(num_cpus, resources).stop
         else:
             check_reachable(address)
-            ray.init(address=address, logging_level="WARNING")
+            ray.init(address=address, logging_level=logging.WARNING)
             _ours = ray.shutdown  # disconnects; the cluster runs on
     _users += 1
     released = False

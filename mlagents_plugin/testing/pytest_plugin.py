@@ -11,7 +11,7 @@ import pytest
 if TYPE_CHECKING:
     from mlagents.trainers.settings import RunOptions
 
-    from mlagents_plugin.local.supervisor import SupervisedEnvManager
+    from mlagents_plugin.core.manager import SupervisedManagerBase
 
 
 @pytest.fixture
@@ -25,17 +25,20 @@ def run_options() -> "RunOptions":
 @pytest.fixture
 def env_manager_factory(
     run_options: "RunOptions",
-) -> Iterator[Callable[..., "SupervisedEnvManager"]]:
-    """``make(env_factory, n_env=1, **settings)`` -> a SupervisedEnvManager closed at teardown."""
+) -> Iterator[Callable[..., "SupervisedManagerBase"]]:
+    """``make(env_factory, n_env=1, **settings)`` -> an env manager, closed at teardown.
+
+    ``settings`` are ``env_manager:`` settings; ``backend="ray"`` gives a RayEnvManager (on the
+    Ray this process is connected to, or one it starts on loopback), otherwise a
+    SupervisedEnvManager, exactly as ``mlagents-learn`` would build them."""
     from mlagents_plugin.core.settings import EnvManagerSettings
-    from mlagents_plugin.local.supervisor import SupervisedEnvManager
+    from mlagents_plugin.integration.plugin import env_manager_class
 
-    managers: List[SupervisedEnvManager] = []
+    managers: List["SupervisedManagerBase"] = []
 
-    def make(env_factory: Callable[..., Any], n_env: int = 1, **settings: Any) -> SupervisedEnvManager:
-        manager = SupervisedEnvManager(
-            env_factory, run_options, n_env, EnvManagerSettings(**settings)
-        )
+    def make(env_factory: Callable[..., Any], n_env: int = 1, **settings: Any) -> "SupervisedManagerBase":
+        manager_settings = EnvManagerSettings(**settings)
+        manager = env_manager_class(manager_settings)(env_factory, run_options, n_env, manager_settings)
         managers.append(manager)
         return manager
 

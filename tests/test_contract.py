@@ -1,0 +1,289 @@
+"""The contract every backend keeps: one suite, run against the subprocess backend and the Ray
+backend (on the session's loopback Ray). Backend-specific behaviour stays in test_supervisor.py,
+test_faults.py, test_real_faults.py (processes, signals, the close ladder) and test_ray.py
+(actors, nodes, placement)."""
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+from mlagents.trainers.settings import ConstantSettings
+from mlagents_envs.exception import UnityCommunicationException
+
+from mlagents_plugin.core.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
+from mlagents_plugin.testing import (
+    HangingEnvironment,
+    SimpleEnvironment,
+    UnexpectedExceptionEnvironment,
+    UnpicklableExceptionEnvironment,
+    make_factory,
+    raising_factory,
+)
+from mlagents_plugin.testing.training import check_environment_trains, train
+
+RAY = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one xdist worker starts the session's Ray
+
+
+class CustomTestOnlyException(Exception):
+    pass
+
+
+@pytest.fixture(params=["subprocess", pytest.param("ray", marks=RAY)])
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def manager_of(request, backend, env_manager_factory):
+    """``make(env_factory, n_env, **settings)`` -> a manager of ``backend`` (the shipped fixture);
+    after the test, none of its processes (workers, actors) may outlive close(), and on Ray no
+    connection may have left loopback."""
+    ray_cluster = request.getfixturevalue("ray_cluster") if backend == "ray" else None
+    managers = []
+
+    def make(env_factory, n_env=1, **settings):
+        if backend == "ray":
+            settings.setdefault("ray", {"num_cpus_per_worker": 1})
+        managers.append(env_manager_factory(env_factory, n_env, backend=backend, **settings))
+        return managers[-1]
+
+    yield make
+    pids = [pid for manager in managers for pid in hosts(manager)]
+    for manager in managers:
+        manager.close()
+    left = alive_after(pids, 10.0)  # Ray reaps a killed actor asynchronously
+    assert not left, f"outlived close(): {[describe(pid) for pid in left]}"
+    if ray_cluster is not None:
+        ray_cluster.assert_no_outside_connects()
+
+
+def hosts(manager):
+    """Every process that hosts a worker: the worker, and its Ray actor if it has one."""
+    return [pid for p in manager.placements.values() for pid in (p.pid, p.actor_pid) if pid is not None]
+
+
+def host_pid(manager, worker_id: int) -> int:
+    """The process whose death takes the worker down: its Ray actor, or the worker process."""
+    placement = manager.placements[worker_id]
+    return placement.actor_pid or placement.pid
+
+
+def alive_after(pids, grace_s: float):
+    """The pids still running (not zombies) after up to ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def describe(pid: int) -> str:
+    try:
+        process = psutil.Process(pid)
+        return f"{pid} {process.status()} {' '.join(process.cmdline())[:120]}"
+    except psutil.NoSuchProcess:
+        return f"{pid} (gone)"
+
+
+def step_until(manager, condition, within_s=60.0):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        manager.get_steps()
+    pytest.fail(f"condition not reached within {within_s} s of get_steps")
+
+
+# ---------------------------------------------------------------------------- training
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("num_envs", [1, 4])
+def test_ppo_trains(manager_of, num_envs):
+    manager = manager_of(make_factory(SimpleEnvironment), num_envs)
+    check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+
+
+@pytest.mark.timeout(120)
+def test_training_behaviors_lists_every_behavior(manager_of):
+    names = ("Walker", "Runner")
+    manager = manager_of(make_factory(SimpleEnvironment, behavior_names=names), 2)
+    assert set(manager.training_behaviors) == set(names)
+    manager.reset()
+    steps = manager.first_step_infos
+    assert {step.worker_id for step in steps} == {0, 1}
+    assert all(set(step.current_all_step_result) == set(names) for step in steps)
+
+
+@pytest.mark.timeout(120)
+def test_env_parameters_reach_the_env_and_stats_come_back(manager_of):
+    manager = manager_of(make_factory(SimpleEnvironment), 2)
+    manager.reset()
+    manager.set_env_parameters({"step_size": ConstantSettings(value=0.5)})
+    stats = {}
+    for _ in range(50):
+        for step in manager.get_steps():
+            stats.update(step.environment_stats)
+        if "Environment/Param/step_size" in stats:
+            break
+    assert stats["Environment/Param/step_size"][0][0] == pytest.approx(0.5)
+
+
+@pytest.mark.timeout(120)
+def test_steps_slower_than_a_relay_slice_are_not_hangs(manager_of):
+    """Waits happen in bounded slices (e.g. a Ray actor's relay); a step longer than one slice
+    is still a step, not a hang."""
+    manager = manager_of(make_factory(SimpleEnvironment, step_sleep_s=1.5), 2, step_timeout_s=30.0)
+    manager.reset()
+    stepped = set()
+    for _ in range(4):
+        stepped |= {step.worker_id for step in manager.get_steps()}
+    assert stepped == {0, 1}
+    assert manager.restart_counts == {}
+
+
+# ------------------------------------------------------------------ the env's exceptions
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_envs", [1, 4])
+def test_subprocess_failing_step(manager_of, num_envs):
+    """Upstream's test of SubprocessEnvManager: the env's own exception reaches the trainer."""
+    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=CustomTestOnlyException, after_steps=5)
+    manager = manager_of(factory, num_envs)
+    with pytest.raises(CustomTestOnlyException) as info:
+        train(manager, max_steps=1000)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "faulty_envs.py" in str(cause) and "in fire" in str(cause)
+    assert any("env worker" in note and "during STEP" in note for note in info.value.__notes__)
+    started = time.monotonic()
+    manager.close()
+    assert time.monotonic() - started < manager.settings.shutdown_timeout_s
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "factory, expected",
+    [
+        (raising_factory(CustomTestOnlyException, "no env today"), "while building"),
+        (
+            make_factory(UnexpectedExceptionEnvironment, exception_type=CustomTestOnlyException, during="reset"),
+            "during RESET",
+        ),
+    ],
+    ids=["factory", "reset"],
+)
+def test_exception_keeps_its_type_and_traceback(manager_of, factory, expected):
+    manager = manager_of(factory, 2)
+    with pytest.raises(CustomTestOnlyException) as info:
+        manager.reset()
+    assert "env worker" in str(info.value.__cause__)
+    assert any(expected in note for note in info.value.__notes__)
+
+
+@pytest.mark.timeout(120)
+def test_exception_from_a_side_channel_message(manager_of):
+    """The trainer's env parameters reach the env through its side channel; the env rejects one."""
+    manager = manager_of(make_factory(SimpleEnvironment), 2)
+    manager.reset()
+    manager.set_env_parameters({"step_size": -1.0})
+    with pytest.raises(ValueError, match="step_size must be > 0") as info:
+        for _ in range(100):
+            manager.get_steps()
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+
+
+@pytest.mark.timeout(120)
+def test_unpicklable_exception_arrives_by_name(manager_of):
+    manager = manager_of(make_factory(UnpicklableExceptionEnvironment, after_steps=2), 1)
+    manager.reset()
+    with pytest.raises(RemoteWorkerError) as info:
+        step_until(manager, lambda: False)
+    assert info.value.type_name.endswith("LockHoldingError")
+
+
+@pytest.mark.timeout(180)
+def test_unity_exception_restarts_the_worker_within_quota(manager_of, tmp_path):
+    factory = make_factory(
+        UnexpectedExceptionEnvironment,
+        exception_type=UnityCommunicationException,
+        after_steps=20,
+        only_worker=1,
+        once_file=str(tmp_path / "fired"),
+    )
+    manager = manager_of(factory, 2)
+    manager.reset()
+    first_pid = manager.worker_pids[1]
+    check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+    assert (tmp_path / "fired").exists()
+    assert manager.restart_counts == {"unity": 1}
+    assert manager.worker_pids[1] != first_pid
+
+
+@pytest.mark.timeout(120)
+def test_unity_exception_surfaces_when_the_quota_is_used_up(run_options, manager_of):
+    run_options.env_settings.max_lifetime_restarts = 0
+    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=UnityCommunicationException, after_steps=3)
+    manager = manager_of(factory, 1)
+    manager.reset()
+    with pytest.raises(UnityCommunicationException) as info:
+        step_until(manager, lambda: False)
+    assert any("no restarts left" in note for note in info.value.__notes__)
+
+
+# ------------------------------------------------------------------------ deaths, hangs
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_is_a_worker_death_naming_it(run_options, manager_of):
+    # step_timeout_s is far beyond the test's timeout: only the death itself can be noticed.
+    run_options.env_settings.max_lifetime_restarts = 0  # no restart: the death surfaces
+    manager = manager_of(make_factory(SimpleEnvironment, step_sleep_s=0.01), 2, step_timeout_s=600)
+    manager.reset()
+    victim = host_pid(manager, 1)
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        step_until(manager, lambda: False)
+    assert time.monotonic() - started < 5
+    assert "env worker 1 (pid" in str(info.value) and f"pid {victim}" in str(info.value)
+    assert "no restarts left" in info.value.__notes__[-1]
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_run_is_restarted_and_training_continues(manager_of):
+    manager = manager_of(make_factory(SimpleEnvironment), 2, restart_backoff_s=0.0)
+    manager.reset()
+    victim = host_pid(manager, 1)
+    killer = threading.Timer(3.0, os.kill, (victim, signal.SIGKILL))
+    killer.start()
+    try:
+        check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+    finally:
+        killer.cancel()
+    assert manager.restart_counts == {"died": 1}
+    assert host_pid(manager, 1) != victim
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_worker_is_taken_down_and_restarted(manager_of, caplog):
+    factory = make_factory(HangingEnvironment, after_steps=20, only_worker=1)
+    manager = manager_of(factory, 2, step_timeout_s=2.0, restart_backoff_s=0.0)
+    manager.reset()
+    hung = host_pid(manager, 1)
+    step_until(manager, lambda: manager.restart_counts.get("hung") == 1)
+    assert manager.restart_counts == {"hung": 1}
+    assert "Zombie worker report: env worker 1" in caplog.text
+    assert not alive_after([hung], 5.0)
+    for _ in range(50):  # the restarted worker steps again (it hangs only once: after_steps counts anew)
+        manager.get_steps()
