@@ -16,6 +16,9 @@ _PUBLIC = {
     "WorkerDiedError": "mlagents_plugin.core.errors",
     "WorkerTimeoutError": "mlagents_plugin.core.errors",
     "RemoteWorkerError": "mlagents_plugin.core.errors",
+    "ManagerClosedError": "mlagents_plugin.core.errors",
+    "AllWorkersFailedError": "mlagents_plugin.core.errors",
+    "Placement": "mlagents_plugin.core.names",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -46,7 +46,7 @@ def leftover_processes() -> List[psutil.Process]:
 
 
 def leftover_segments() -> List[str]:
-    """Shared memory segments of managers this process created (wire.py)."""
+    """Shared memory segments of managers this process created (core/wire.py)."""
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"{wire.SEGMENT_PREFIX}{os.getpid()}_")]
 
 
@@ -134,3 +134,19 @@ def ray_cluster(tmp_path_factory) -> Iterator[RayTestCluster]:
     with ray_local.loopback_cluster(num_cpus=8) as cluster:
         yield RayTestCluster(cluster, netguard_log)
     _assert_empty(netguard_log)  # Ray's processes have all stopped: nothing more can be logged
+
+
+@pytest.fixture
+def ml_agents_hooks(monkeypatch):
+    """For tests that call plugin.register(): put back every module attribute it replaces."""
+    from mlagents.trainers import learn
+    from mlagents.trainers import settings as mla_settings
+    from mlagents.trainers.torch_entities import model_serialization
+
+    for owner, name in [
+        (mla_settings, "load_config"),
+        (learn, "SubprocessEnvManager"),
+        (learn, "write_run_options"),
+        (model_serialization.ModelSerializer, "export_policy_model"),
+    ]:
+        monkeypatch.setattr(owner, name, getattr(owner, name))

@@ -1,4 +1,4 @@
-"""The ML-Agents internals we rely on (compat.py), exercised on ML-Agents' real classes."""
+"""The ML-Agents internals we rely on (integration/compat.py), exercised on ML-Agents' real classes."""
 import numpy as np
 import pytest
 from mlagents.trainers import cli_utils, learn
@@ -33,18 +33,6 @@ def test_check_reports_a_missing_internal_and_a_changed_call(monkeypatch):
     assert "mlagents.trainers.learn:no_such_function is missing" in problems[0]
     assert "run_training no longer mentions 'NoSuchManager('" in problems[1]
     assert "this ML-Agents is not supported" in problems[2]
-
-
-@pytest.fixture
-def ml_agents_hooks(monkeypatch):
-    """Put back every module attribute the plugin replaces when the test ends."""
-    for owner, name in [
-        (mla_settings, "load_config"),
-        (learn, "SubprocessEnvManager"),
-        (learn, "write_run_options"),
-        (model_serialization.ModelSerializer, "export_policy_model"),
-    ]:
-        monkeypatch.setattr(owner, name, getattr(owner, name))
 
 
 @pytest.mark.fast

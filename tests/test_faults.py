@@ -243,7 +243,7 @@ def test_bad_env_path_surfaces_with_the_workers_traceback(run_options, env_manag
         manager.reset()
         step_until(manager, lambda: False)
     assert "env_utils.py" in str(info.value.__cause__)
-    # It never once built its env: one retry, then the error (NOTE in restart.py).
+    # It never once built its env: one retry, then the error (core/restart.py).
     assert any("never once finished building its env" in note for note in info.value.__notes__)
 
 
