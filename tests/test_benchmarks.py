@@ -48,3 +48,17 @@ def test_a_short_chaos_run_passes(tmp_path):
     assert result.returncode == 0 and "PASSED" in result.stdout, result.stdout[-4000:] + result.stderr[-2000:]
     report = json.loads(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
     assert report["faults_total"] >= 3 and not report["unexplained"]
+
+
+@pytest.mark.timeout(300)
+def test_one_fault_scenario_runs_against_both_managers(tmp_path):
+    """benchmarks/compare_faults.py, its quickest scenario: the report has a cell for each manager."""
+    saved = tmp_path / "faults.md"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "compare_faults.py"), "--only", "unrebuildable",
+         "--save", str(saved)],
+        capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = saved.read_text()
+    assert "upstream" in report.lower() and "ours" in report.lower(), report
