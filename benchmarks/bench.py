@@ -1,6 +1,8 @@
 """``make bench``: every benchmark, side by side in one run; JSON and Markdown in results/bench/.
 
-    python benchmarks/bench.py [--quick] [--only throughput unity startup faults drift ray] [--ray-address ADDR]
+    python benchmarks/bench.py [--quick] [--only SECTION ...] [--ray-address ADDR]
+
+Sections: throughput unity startup faults drift ray training.
 
 ``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
 """
@@ -19,6 +21,7 @@ import fault_costs  # noqa: E402
 import ray_vs_subprocess  # noqa: E402
 import startup  # noqa: E402
 import throughput  # noqa: E402
+import training  # noqa: E402
 import unity_path  # noqa: E402
 
 SECTIONS = {
@@ -28,6 +31,7 @@ SECTIONS = {
     "faults": fault_costs,
     "drift": drift,
     "ray": ray_vs_subprocess,
+    "training": training,
 }
 
 

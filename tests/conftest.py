@@ -50,17 +50,27 @@ def leftover_segments() -> List[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"{wire.SEGMENT_PREFIX}{os.getpid()}_")]
 
 
-def new_leftovers(before: set, grace_s: float = 2.0) -> List[psutil.Process]:
+def new_leftovers(before: set, grace_s: float = 2.0, ray_grace_s: float = 10.0) -> List[psutil.Process]:
     """Processes that appeared since `before` and are still alive after `grace_s`.
 
     The grace covers processes already killed but still exiting: mlagents-envs' own close
-    SIGKILLs a build that does not quit and does not wait for it."""
-    deadline = time.monotonic() + grace_s
+    SIGKILLs a build that does not quit and does not wait for it. A Ray actor whose driver has
+    gone (a benchmark run on the session's Ray) is killed by Ray asynchronously: it gets
+    `ray_grace_s`."""
+    started = time.monotonic()
     while True:
         left = [p for p in leftover_processes() if p.pid not in before]
-        if not left or time.monotonic() > deadline:
+        waited = time.monotonic() - started
+        if not left or waited > (ray_grace_s if any(_is_ray_actor(p) for p in left) else grace_s):
             return left
         time.sleep(0.05)
+
+
+def _is_ray_actor(process: psutil.Process) -> bool:
+    try:
+        return process.name().startswith("ray::") or " ".join(process.cmdline()).startswith("ray::")
+    except psutil.Error:
+        return False
 
 
 def pytest_configure(config) -> None:

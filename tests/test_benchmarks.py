@@ -38,6 +38,20 @@ def test_quick_ray_benchmark_runs_on_the_session_cluster(ray_cluster, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_quick_training_benchmark_runs_all_three_managers(tmp_path):
+    """Stock mlagents-learn on player builds and the trainer loop on Python envs, with
+    upstream's manager, ours unbatched and ours batched: each trains and is measured."""
+    report = quick_bench(tmp_path, "--only", "training")
+    for row in report["training"]:
+        assert set(row["results"]) == {"upstream", "ours unbatched", "ours batched"}
+        for figures in row["results"].values():
+            assert figures["agent_steps_per_s"] > 0 and figures["evaluate_per_env_step"] > 0
+        results = row["results"]
+        assert results["ours batched"]["evaluate_per_env_step"] < results["upstream"]["evaluate_per_env_step"]
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_a_short_chaos_run_passes(tmp_path):
     """benchmarks/chaos.py for 20 s: every fault explained and counted, nothing left."""

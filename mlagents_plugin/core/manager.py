@@ -19,7 +19,7 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
-from mlagents_plugin.core import factories, signals, worker_inputs
+from mlagents_plugin.core import batching, factories, signals, worker_inputs
 from mlagents_plugin.core.backend import Backend, BackendSetup, Reply
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
@@ -226,16 +226,37 @@ class SupervisedManagerBase(EnvManager):
     # ------------------------------------------------------------------------ stepping
 
     def _queue_steps(self) -> None:
-        for slot in self._slots:
-            if slot.state is WorkerState.IDLE:
-                all_action_info = self._take_step(slot.previous_step)
-                slot.previous_all_action_info = all_action_info
-                env_actions = {
-                    name: info.env_action
-                    for name, info in all_action_info.items()
-                    if len(info.agent_ids) > 0
-                }
-                self._request(slot, EnvironmentCommand.STEP, env_actions)
+        idle = [slot for slot in self._slots if slot.state is WorkerState.IDLE]
+        if self.settings.batch_inference and len(idle) > 1:
+            actions = self._take_steps([slot.previous_step for slot in idle])
+        else:
+            actions = [self._take_step(slot.previous_step) for slot in idle]
+        for slot, all_action_info in zip(idle, actions, strict=True):
+            slot.previous_all_action_info = all_action_info
+            env_actions = {
+                name: info.env_action
+                for name, info in all_action_info.items()
+                if len(info.agent_ids) > 0
+            }
+            self._request(slot, EnvironmentCommand.STEP, env_actions)
+
+    @timed
+    def _take_steps(self, last_steps: List[EnvironmentStep]) -> List[Dict[BehaviorName, ActionInfo]]:
+        """``[self._take_step(step) for step in last_steps]``, with one forward pass per
+        behaviour for all of them (NOTE [ Batched inference ] in batching.py)."""
+        actions: List[Dict[BehaviorName, ActionInfo]] = [{} for _ in last_steps]
+        for name, policy in self.policies.items():
+            asking = [i for i, step in enumerate(last_steps) if name in step.current_all_step_result]
+            requests = [
+                (last_steps[i].worker_id, last_steps[i].current_all_step_result[name][0]) for i in asking
+            ]
+            if batching.batchable(policy):
+                infos = batching.get_actions(policy, requests)
+            else:
+                infos = [policy.get_action(steps, worker_id) for worker_id, steps in requests]
+            for i, info in zip(asking, infos, strict=True):
+                actions[i][name] = info
+        return actions
 
     @timed
     def _take_step(self, last_step: EnvironmentStep) -> Dict[BehaviorName, ActionInfo]:

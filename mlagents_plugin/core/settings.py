@@ -148,6 +148,8 @@ class EnvManagerSettings:
         factory=dict, validator=attr.validators.instance_of(dict)
     )
     ray: RaySettings = attr.ib(factory=RaySettings, converter=_ray_settings)
+    # one forward pass per behaviour for all workers ready together (NOTE [ Batched inference ])
+    batch_inference: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
 
     @env.validator
     def _check_env(self, attribute: "attr.Attribute", value: Optional[str]) -> None:

@@ -36,6 +36,7 @@ from mlagents_envs.side_channel.stats_side_channel import (
 )
 
 STEP_PENALTY = 0.01
+ACTIONS = ("discrete", "continuous", "hybrid")
 
 
 class SimpleEnvironment(BaseEnv):
@@ -45,7 +46,8 @@ class SimpleEnvironment(BaseEnv):
     :param side_channels: environment parameters sent by the trainer are honoured
         (``step_size``, and any float is echoed back as the stat ``Environment/Param/<key>``
         through the stats channel, so tests can see both directions of side-channel traffic).
-    :param action: "discrete" (one branch: left, right) or "continuous" (one value in [-1, 1]).
+    :param action: "discrete" (one branch: left, right), "continuous" (one value in [-1, 1]), or
+        "hybrid" (the discrete branch gives the direction, the continuous value the stride).
     :param visual_shape: (C, H, W) of an image observation, or None for vector only.
     :param step_sleep_s, step_cpu_s: what one ``step()`` costs, asleep and busy.
     :param report_pid: send this process's pid as the stat ``Environment/Env Worker Pid`` with
@@ -68,8 +70,8 @@ class SimpleEnvironment(BaseEnv):
         seed: int = 0,
         report_pid: bool = False,
     ):
-        if action not in ("discrete", "continuous"):
-            raise ValueError(f"action must be 'discrete' or 'continuous', not {action!r}")
+        if action not in ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(ACTIONS)}, not {action!r}")
         self.worker_id = worker_id
         self.num_agents = num_agents
         self.vector_size = vector_size
@@ -106,11 +108,11 @@ class SimpleEnvironment(BaseEnv):
                     "camera",
                 )
             )
-        action_spec = (
-            ActionSpec.create_discrete((2,))
-            if action == "discrete"
-            else ActionSpec.create_continuous(1)
-        )
+        action_spec = {
+            "discrete": ActionSpec.create_discrete((2,)),
+            "continuous": ActionSpec.create_continuous(1),
+            "hybrid": ActionSpec(continuous_size=1, discrete_branches=(2,)),
+        }[action]
         self._specs = {name: BehaviorSpec(obs_specs, action_spec) for name in behavior_names}
         self._agent_ids = np.arange(num_agents, dtype=np.int32)
         self._goal: Dict[str, np.ndarray] = {}
@@ -146,10 +148,14 @@ class SimpleEnvironment(BaseEnv):
         self._report_stats()
 
     def set_actions(self, behavior_name: BehaviorName, action: ActionTuple) -> None:
-        if self._specs[behavior_name].action_spec.is_discrete():
+        spec = self._specs[behavior_name].action_spec
+        if spec.continuous_size == 0:
             moves = np.where(action.discrete[:, 0] == 1, 1.0, -1.0)
-        else:
+        elif spec.discrete_size == 0:
             moves = np.clip(action.continuous[:, 0], -1.0, 1.0)
+        else:  # hybrid: the direction is discrete, the stride continuous (half to full)
+            stride = 0.75 + 0.25 * np.clip(action.continuous[:, 0], -1.0, 1.0)
+            moves = np.where(action.discrete[:, 0] == 1, 1.0, -1.0) * stride
         self._actions[behavior_name] = moves.astype(np.float32)
 
     def set_action_for_agent(

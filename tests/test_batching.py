@@ -1,0 +1,180 @@
+"""Batched inference (core/batching.py): one forward pass for every ready worker gives each worker
+what a call of its own would have given. Process-free: real policies, real envs, in this process;
+the manager's side on the fake backend (tests/fake_backend.py)."""
+import copy
+
+import numpy as np
+import pytest
+from fake_backend import Behavior, FakeBackend, FakeClock
+from mlagents.trainers.action_info import ActionInfo
+from mlagents.trainers.policy.torch_policy import TorchPolicy
+from mlagents.trainers.settings import NetworkSettings, RunOptions
+from mlagents.trainers.torch_entities.networks import SimpleActor
+from mlagents_envs.base_env import DecisionSteps
+
+from mlagents_plugin.core import batching
+from mlagents_plugin.core.manager import SupervisedManagerBase
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+pytestmark = pytest.mark.fast
+
+AGENTS = [1, 3, 0, 2]  # agents per worker; worker 2 has none this step
+LSTM = NetworkSettings.MemorySettings(memory_size=16, sequence_length=4)
+CASES = {
+    "discrete": dict(action="discrete"),
+    "continuous": dict(action="continuous"),
+    "hybrid": dict(action="hybrid"),
+    "visual": dict(action="discrete", visual_shape=(3, 20, 20)),
+    "lstm": dict(action="hybrid", memory=LSTM),
+    "masks": dict(action="discrete", masks=True),
+}
+
+
+def make_policy(spec, deterministic: bool, memory=None) -> TorchPolicy:
+    settings = NetworkSettings(num_layers=2, hidden_units=16, deterministic=deterministic, memory=memory)
+    return TorchPolicy(0, spec, settings, SimpleActor, {"conditional_sigma": False, "tanh_squash": False})
+
+
+def twin(policy: TorchPolicy) -> TorchPolicy:
+    """The same network, weights and memories: one for batched calls, one for per-worker calls."""
+    other = make_policy(policy.behavior_spec, policy.network_settings.deterministic, policy.network_settings.memory)
+    other.actor.load_state_dict(policy.actor.state_dict())
+    other.memory_dict = copy.deepcopy(policy.memory_dict)
+    return other
+
+
+def with_masks(steps: DecisionSteps, rng) -> DecisionSteps:
+    """The same steps, each agent forbidden one of its two moves at random."""
+    forbidden = rng.integers(0, 2, size=len(steps))
+    mask = np.zeros((len(steps), 2), dtype=bool)
+    mask[np.arange(len(steps)), forbidden] = True
+    return DecisionSteps(steps.obs, steps.reward, steps.agent_id, [mask], steps.group_id, steps.group_reward)
+
+
+def worker_requests(envs, rng, masks: bool):
+    requests = []
+    for worker_id, env in enumerate(envs):
+        steps = env.get_steps("Simple")[0]
+        requests.append((worker_id, with_masks(steps, rng) if masks else steps))
+    return requests
+
+
+def assert_same(batched: ActionInfo, alone: ActionInfo, exact_discrete: bool) -> None:
+    assert batched.agent_ids == alone.agent_ids
+    assert batched.outputs.keys() == alone.outputs.keys()
+    for key, expected in alone.outputs.items():
+        got = batched.outputs[key]
+        assert type(got) is type(expected), key
+        pairs = (
+            [(got.continuous, expected.continuous), (got.discrete, expected.discrete)]
+            if hasattr(expected, "continuous")
+            else [(got, expected)]
+        )
+        for a, b in pairs:
+            assert a.shape == b.shape and a.dtype == b.dtype, key
+            if exact_discrete and a.dtype.kind == "i":
+                np.testing.assert_array_equal(a, b, err_msg=key)
+            else:  # one matrix product for all rows may round differently in the last bit
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_deterministic_policy_gives_each_worker_what_its_own_call_gives(case):
+    options = dict(CASES[case])
+    memory, masks = options.pop("memory", None), options.pop("masks", False)
+    envs = [SimpleEnvironment(worker_id=w, num_agents=n, **options) for w, n in enumerate(AGENTS)]
+    policy = make_policy(envs[0].behavior_specs["Simple"], deterministic=True, memory=memory)
+    alone_policy = twin(policy)
+    rng = np.random.default_rng(0)
+    for _ in range(6):  # several rounds: recurrent memories carry over from one to the next
+        requests = worker_requests(envs, rng, masks)
+        batched = batching.get_actions(policy, requests)
+        alone = [alone_policy.get_action(steps, worker_id) for worker_id, steps in requests]
+        for b, a in zip(batched, alone, strict=True):
+            assert_same(b, a, exact_discrete=True)
+        assert batched[2] == ActionInfo.empty()  # no agents: what get_action gives
+        if masks:
+            for (_, steps), info in zip(requests, batched, strict=True):
+                if len(steps):  # a forbidden move is never chosen
+                    chosen = info.env_action.discrete[:, 0]
+                    assert not steps.action_mask[0][np.arange(len(steps)), chosen].any()
+        if memory is not None:
+            assert policy.memory_dict.keys() == alone_policy.memory_dict.keys()
+            for agent, saved in alone_policy.memory_dict.items():
+                np.testing.assert_allclose(policy.memory_dict[agent], saved, rtol=1e-5, atol=1e-6)
+        for env, info in zip(envs, batched, strict=True):
+            if info.agent_ids:
+                env.set_actions("Simple", info.env_action)
+            env.step()
+
+
+@pytest.mark.parametrize("case", ["discrete", "hybrid", "lstm"])
+def test_a_stochastic_policy_gives_each_worker_outputs_of_the_same_shape(case):
+    options = dict(CASES[case])
+    memory = options.pop("memory", None)
+    envs = [SimpleEnvironment(worker_id=w, num_agents=n, **options) for w, n in enumerate(AGENTS)]
+    policy = make_policy(envs[0].behavior_specs["Simple"], deterministic=False, memory=memory)
+    requests = worker_requests(envs, np.random.default_rng(0), masks=False)
+    batched = batching.get_actions(policy, requests)
+    alone = [twin(policy).get_action(steps, worker_id) for worker_id, steps in requests]
+    for b, a in zip(batched, alone, strict=True):
+        assert b.agent_ids == a.agent_ids and b.outputs.keys() == a.outputs.keys()
+        for key in a.outputs:
+            if hasattr(a.outputs[key], "continuous"):
+                assert b.outputs[key].continuous.shape == a.outputs[key].continuous.shape
+                assert b.outputs[key].discrete.shape == a.outputs[key].discrete.shape
+            else:
+                assert b.outputs[key].shape == a.outputs[key].shape
+
+
+def test_only_ml_agents_own_get_action_is_batched():
+    spec = SimpleEnvironment().behavior_specs["Simple"]
+
+    class CustomPolicy(TorchPolicy):
+        def get_action(self, decision_requests, worker_id=0):
+            return super().get_action(decision_requests, worker_id)
+
+    assert batching.batchable(make_policy(spec, deterministic=True))
+    custom = CustomPolicy(0, spec, NetworkSettings(), SimpleActor, {"conditional_sigma": False, "tanh_squash": False})
+    assert not batching.batchable(custom)
+
+
+# ----------------------------------------------------------------- through the manager
+
+
+class CountingPolicy:
+    """Counts a TorchPolicy's forward passes."""
+
+    def __init__(self, policy: TorchPolicy):
+        self.calls = 0
+        evaluate = policy.evaluate
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return evaluate(*args, **kwargs)
+
+        policy.evaluate = counted
+
+
+@pytest.mark.parametrize("batch_inference, evaluations_per_round", [(True, 1), (False, 4)])
+def test_workers_ready_together_share_one_forward_pass(batch_inference, evaluations_per_round):
+    clock = FakeClock()
+    script = lambda worker_id, incarnation: Behavior(step_s=0.01)  # all four answer in the same wait
+    manager = SupervisedManagerBase(
+        make_factory(SimpleEnvironment, num_agents=2), RunOptions(), 4,
+        EnvManagerSettings(batch_inference=batch_inference), FakeBackend.of(script), clock,
+    )
+    try:
+        manager.reset()
+        spec = manager.training_behaviors["Simple"]
+        policy = make_policy(spec, deterministic=False)
+        counter = CountingPolicy(policy)
+        manager.set_policy("Simple", policy)
+        stepped = 0
+        for _ in range(10):
+            stepped += len(manager.get_steps())
+        assert stepped == 40  # every round: all four workers
+        assert counter.calls == 10 * evaluations_per_round
+    finally:
+        manager.close()

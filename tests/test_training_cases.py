@@ -1,0 +1,51 @@
+"""ML-Agents' trainers learn through the manager with batched inference (4 workers, one forward
+pass per behaviour for the workers ready together): upstream's test_simple_rl kinds of case, on
+the project's SimpleEnvironment. Batched and per-worker outputs are compared in test_batching.py."""
+import attr
+import pytest
+from mlagents.trainers.poca.optimizer_torch import POCASettings
+from mlagents.trainers.sac.optimizer_torch import SACSettings
+from mlagents.trainers.settings import NetworkSettings, ScheduleType, SelfPlaySettings
+
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+from mlagents_plugin.testing.training import PPO_CONFIG, check_environment_trains
+
+LSTM = NetworkSettings(num_layers=1, hidden_units=32, memory=NetworkSettings.MemorySettings(16, 4))
+SAC_CONFIG = attr.evolve(
+    PPO_CONFIG,
+    trainer_type="sac",
+    hyperparameters=SACSettings(
+        learning_rate=5.0e-3, learning_rate_schedule=ScheduleType.CONSTANT, batch_size=16, buffer_size=5000,
+        buffer_init_steps=0, steps_per_update=4,
+    ),
+)
+POCA_CONFIG = attr.evolve(
+    PPO_CONFIG,
+    trainer_type="poca",
+    hyperparameters=POCASettings(
+        learning_rate=5.0e-3, learning_rate_schedule=ScheduleType.CONSTANT, batch_size=16, buffer_size=64
+    ),
+)
+SELF_PLAY_CONFIG = attr.evolve(
+    PPO_CONFIG, self_play=SelfPlaySettings(play_against_latest_model_ratio=1.0, save_steps=500, swap_steps=250)
+)
+
+CASES = {
+    "ppo": ({}, PPO_CONFIG),
+    "ppo-lstm": ({}, attr.evolve(PPO_CONFIG, network_settings=LSTM)),
+    "ppo-hybrid": ({"action": "hybrid"}, PPO_CONFIG),
+    "ppo-visual": ({"visual_shape": (3, 20, 20)}, PPO_CONFIG),
+    "ppo-two-behaviours": ({"behavior_names": ("Walker", "Runner")}, PPO_CONFIG),
+    "sac": ({}, SAC_CONFIG),
+    "poca": ({"num_agents": 2}, POCA_CONFIG),
+    "self-play": ({"behavior_names": ("Simple?team=0", "Simple?team=1")}, SELF_PLAY_CONFIG),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", CASES)
+def test_trains_with_batched_inference(env_manager_factory, case):
+    env_kwargs, config = CASES[case]
+    manager = env_manager_factory(make_factory(SimpleEnvironment, **env_kwargs), 4)
+    assert manager.settings.batch_inference
+    check_environment_trains(manager, config, success_threshold=0.7, max_steps=3000)
