@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+import psutil
 import pytest
 import yaml
 
@@ -95,3 +96,19 @@ def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
         pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output[-40:])}")
     output.append(rest)
     return time.monotonic() - started
+
+
+def alive_after(pids, grace_s: float):
+    """The pids still running (not zombies) after up to ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)

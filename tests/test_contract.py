@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from helpers import alive_after
 from mlagents.trainers.settings import ConstantSettings
 from mlagents_envs.exception import UnityCommunicationException
 
@@ -68,22 +69,6 @@ def host_pid(manager, worker_id: int) -> int:
     """The process whose death takes the worker down: its Ray actor, or the worker process."""
     placement = manager.placements[worker_id]
     return placement.actor_pid or placement.pid
-
-
-def alive_after(pids, grace_s: float):
-    """The pids still running (not zombies) after up to ``grace_s``."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
 
 
 def describe(pid: int) -> str:

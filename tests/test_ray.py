@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import free_port_block, run_learn, write_config
+from helpers import alive_after, free_port_block, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
 
@@ -50,7 +50,7 @@ def ray_manager(ray_cluster):
         placements = manager.placements.values()
         pids += [p.actor_pid for p in placements] + [p.pid for p in placements]
         manager.close()
-    assert not _alive_after(pids, 5.0), "actors or env workers outlived close()"
+    assert not alive_after(pids, 5.0), "actors or env workers outlived close()"
     ray_cluster.assert_no_outside_connects()
 
 
@@ -85,9 +85,9 @@ def test_actor_kill_takes_its_player_down(ray_manager, tmp_path):
     os.kill(_actor_pid(manager, 0), signal.SIGKILL)
     while len(list(pid_dir.iterdir())) < 2:
         manager.get_steps()
-    assert not _alive_after([first_player], 3.0), "the killed actor's player survived"
+    assert not alive_after([first_player], 3.0), "the killed actor's player survived"
     manager.close()
-    assert not _alive_after([int(p.name) for p in pid_dir.iterdir()], 3.0)
+    assert not alive_after([int(p.name) for p in pid_dir.iterdir()], 3.0)
 
 
 @pytest.mark.timeout(240)
@@ -133,7 +133,7 @@ def test_player_build_runs_on_the_actors_node(ray_manager, tmp_path):
         manager.get_steps()
     players = [c for pid in manager.worker_pids.values() for c in psutil.Process(pid).children()]
     manager.close()
-    assert not _alive_after([p.pid for p in players], 3.0)
+    assert not alive_after([p.pid for p in players], 3.0)
 
 
 @pytest.mark.e2e
@@ -155,22 +155,6 @@ def _actor_pid(manager: RayEnvManager, worker_id: int) -> int:
     placement = manager.placements.get(worker_id)
     assert placement is not None, f"worker {worker_id} has not started"
     return placement.actor_pid
-
-
-def _alive_after(pids, grace_s: float):
-    """The pids still running (not zombies) after up to ``grace_s``."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
 
 
 def _players_on(port: int):
@@ -203,7 +187,7 @@ def test_a_hung_build_dies_with_the_actor_its_timeout_kills(ray_manager, tmp_pat
     while manager.restart_counts.get("hung") != 1:
         assert time.monotonic() < deadline, "the hang was never noticed"
         manager.get_steps()
-    assert not _alive_after([hung_player], 10.0), "the hung player outlived its actor"
+    assert not alive_after([hung_player], 10.0), "the hung player outlived its actor"
     for _ in range(20):  # the restarted worker's new player steps
         manager.get_steps()
 
@@ -247,7 +231,7 @@ def test_a_sigkilled_trainer_on_its_own_ray_leaves_no_player_and_no_temp_dir(ray
         assert len(temp_dirs) == 1
         trainer.kill()
         trainer.wait()
-        assert not _alive_after(players, 15.0), "players outlived their trainer"
+        assert not alive_after(players, 15.0), "players outlived their trainer"
         deadline = time.monotonic() + 15
         while os.path.exists(temp_dirs[0]):
             assert time.monotonic() < deadline, f"{temp_dirs[0]} was left behind"

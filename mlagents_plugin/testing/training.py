@@ -21,14 +21,17 @@ from mlagents.trainers.trainer_controller import TrainerController
 
 REWARD_KEY = "Environment/Cumulative Reward"
 
-# A PPO configuration that learns SimpleEnvironment in a few thousand steps.
+# A PPO configuration that learns SimpleEnvironment in a few thousand steps. Upstream's test
+# configuration with a lower learning rate and twice the entropy bonus: with upstream's 5e-3, one
+# run in a few dozen collapsed early onto one direction whatever the goal (mean reward about -0.1).
 PPO_CONFIG = TrainerSettings(
     trainer_type="ppo",
     hyperparameters=PPOSettings(
-        learning_rate=5.0e-3,
+        learning_rate=3.0e-3,
         learning_rate_schedule=ScheduleType.CONSTANT,
         batch_size=16,
         buffer_size=64,
+        beta=1.0e-2,
     ),
     network_settings=NetworkSettings(num_layers=1, hidden_units=32),
     summary_freq=500,
