@@ -157,7 +157,9 @@ def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_pat
     if how == signal.SIGHUP:  # a hangup is an interrupt: the model is saved, workers close in order
         text = "".join(output)
         assert (tmp_path / "results" / "run" / "GoalVisual.onnx").exists(), text[-3000:]
-        assert text.count("its last process exited.") == 2, text[-3000:]
+        # each worker's last process exited (after CLOSE; "on SIGTERM" if closing its env took
+        # longer than shutdown_timeout_s, as under a loaded CI machine), none was SIGKILLed
+        assert text.count("its last process exited") == 2, text[-3000:]
         assert "resource_tracker" not in text
 
 
