@@ -3,7 +3,7 @@
 ML-Agents loads ``mlagents.trainer_type`` plugins in ``parse_command_line``, before it reads
 the YAML. Our entry point returns no trainers; it installs the hooks (see compat.py) that
 take the ``env_manager:`` section out of the YAML, validate it, and make ``run_training``
-call ``make_env_manager`` where it would construct ``SubprocessEnvManager``.
+call ``Run.make_env_manager`` where it would construct ``SubprocessEnvManager``.
 """
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
@@ -26,6 +26,7 @@ from mlagents_plugin.integration import compat, python_envs
 from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)
+
 
 def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """The ``mlagents.trainer_type`` entry point: install the hooks, add no trainer types.
