@@ -12,7 +12,9 @@ step, both measured between the first and the last summary (start-up and close e
 policy forward passes (``TorchPolicy.evaluate``) per env step; the final mean reward.
 """
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -81,7 +83,9 @@ def player_run(manager: str, builds: int, agents: int, max_steps: int, work: Pat
         f"--run-id={run_id}", "--seed=1", f"--base-port={_free_port_block(builds + 1)}", "--no-graphics",
         "--env-args", "--num-agents", str(agents),
     ]
-    trainer = subprocess.Popen(command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = subprocess.Popen(  # its own group: a failed run is killed with its workers and players
+        command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     summaries = Summaries(psutil.Process(trainer.pid))
     output: List[str] = []
 
@@ -99,7 +103,7 @@ def player_run(manager: str, builds: int, agents: int, max_steps: int, work: Pat
         trainer.wait(timeout=1200)
     finally:
         if trainer.poll() is None:
-            trainer.kill()
+            os.killpg(trainer.pid, signal.SIGKILL)
         reader.join(timeout=10)
     if trainer.returncode != 0:
         raise RuntimeError(f"mlagents-learn ({manager}) exited {trainer.returncode}:\n{''.join(output[-40:])}")
