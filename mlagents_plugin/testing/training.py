@@ -21,14 +21,17 @@ from mlagents.trainers.trainer_controller import TrainerController
 
 REWARD_KEY = "Environment/Cumulative Reward"
 
-# A PPO configuration that learns SimpleEnvironment in a few thousand steps. Upstream's test
-# configuration with a lower learning rate and twice the entropy bonus: with upstream's 5e-3, one
-# run in a few dozen collapsed early onto one direction whatever the goal (mean reward about -0.1).
+# A PPO configuration that learns SimpleEnvironment in a few thousand steps: upstream's test
+# configuration with a lower learning rate, twice the entropy bonus, and ML-Agents' default
+# (linear) learning-rate schedule. With a constant rate, about one run in 30 learned and then
+# collapsed onto one direction whatever the goal (mean reward about -0.1): once the policy is
+# solved, PPO's normalised advantages are mostly noise, and full-size steps on noise undo it.
+# With the linear schedule, 60 of 60 visual runs (4 workers, two at a time) converged.
 PPO_CONFIG = TrainerSettings(
     trainer_type="ppo",
     hyperparameters=PPOSettings(
         learning_rate=3.0e-3,
-        learning_rate_schedule=ScheduleType.CONSTANT,
+        learning_rate_schedule=ScheduleType.LINEAR,
         batch_size=16,
         buffer_size=64,
         beta=1.0e-2,
