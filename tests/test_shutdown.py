@@ -209,7 +209,9 @@ if __name__ == "__main__":
 
 @pytest.mark.timeout(60)
 def test_sigkill_of_the_trainer_takes_workers_and_players_down(tmp_path):
-    """Nobody is left to close anything: each worker's watchdog must do it (NOTE [ No orphans ])."""
+    """Nobody is left to close anything: the trainer's reaper SIGKILLs the workers it was told of
+    and the players, which carry the workers' tag (NOTE [ No orphans ]); the fork server exits by
+    itself when the trainer's end of its pipe closes."""
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT)
     pid_dir = tmp_path / "players"

@@ -138,7 +138,7 @@ def test_segments_of_a_killed_trainer_are_removed(tmp_path):
         assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
         trainer.kill()
         trainer.wait()
-        deadline = time.monotonic() + 5  # the workers' watchdogs remove them
+        deadline = time.monotonic() + 5  # the trainer's reaper removes them (NOTE [ No orphans ])
         while [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
