@@ -16,7 +16,7 @@ from mlagents_plugin.local import processes
 # (The process's reaper is not a descendant: NOTE [ No orphans ].)
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 # The session's Ray cluster and the pool of idle Ray workers it keeps: not a test's leftovers.
-# (Our actors, titled ray::EnvWorkerActor, are; tests/test_ray.py checks them by pid too.)
+# (Our actors, titled ray::EnvHostActor, are; tests/test_ray.py checks them by pid too.)
 _RAY_PROCESS_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 

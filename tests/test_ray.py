@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.ray.backend import RayEnvManager
 from mlagents_plugin.testing import (
+    HangingEnvironment,
     PlayerLaunchingEnvironment,
     SimpleEnvironment,
     make_factory,
 )
+from mlagents_plugin.testing.training import check_environment_trains
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
@@ -190,6 +193,55 @@ def test_a_hung_build_dies_with_the_actor_its_timeout_kills(ray_manager, tmp_pat
     assert not alive_after([hung_player], 10.0), "the hung player outlived its actor"
     for _ in range(20):  # the restarted worker's new player steps
         manager.get_steps()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_actor_of_several_envs_restarts_them_all_and_training_goes_on(ray_manager):
+    """envs_per_worker 2: killing the actor of envs 2 and 3 restarts both (on a new actor), and
+    only them; trajectories stay per env, so the trainer still learns."""
+    manager = ray_manager(make_factory(SimpleEnvironment), 4, envs_per_worker=2, restart_backoff_s=0.0)
+    manager.reset()
+    before = manager.placements
+    assert before[0].actor_pid == before[1].actor_pid != before[2].actor_pid == before[3].actor_pid
+    killer = threading.Timer(3.0, os.kill, (before[2].actor_pid, signal.SIGKILL))
+    killer.start()
+    try:
+        check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+    finally:
+        killer.cancel()
+    assert manager.restart_counts == {"died": 2}
+    after = manager.placements
+    assert [after[w].pid for w in (0, 1)] == [before[w].pid for w in (0, 1)]
+    assert after[2].actor_pid == after[3].actor_pid not in (before[0].actor_pid, before[2].actor_pid)
+
+
+@pytest.mark.timeout(180)
+def test_a_hung_env_is_killed_by_its_actor_and_its_neighbours_go_on(ray_manager):
+    """envs_per_worker 4, env 1 hangs: its actor's ladder kills its worker, the actor stays, and
+    envs 0, 2 and 3 keep stepping while env 1 is hung and while it restarts."""
+    factory = make_factory(HangingEnvironment, after_steps=20, only_worker=1, step_sleep_s=0.01)
+    manager = ray_manager(factory, 4, envs_per_worker=4, step_timeout_s=3.0, restart_backoff_s=0.0)
+    manager.reset()
+    before = manager.placements
+    assert len({p.actor_pid for p in before.values()}) == 1
+    steps_while_hung = {0: 0, 2: 0, 3: 0}
+    deadline = time.monotonic() + 60
+    while manager.restart_counts.get("hung") != 1:
+        assert time.monotonic() < deadline, "the hang was never noticed"
+        for step in manager.get_steps():
+            if step.worker_id != 1:
+                steps_while_hung[step.worker_id] += 1
+    # 3 s of step_timeout_s at 10 ms steps: each neighbour made far more than the 20 steps
+    # env 1 made before it hung.
+    assert min(steps_while_hung.values()) > 60, steps_while_hung
+    assert not alive_after([before[1].pid], 10.0), "the hung worker outlived its actor's ladder"
+    deadline = time.monotonic() + 60
+    while 1 not in {step.worker_id for step in manager.get_steps()}:
+        assert time.monotonic() < deadline, "env 1 never stepped again"
+    after = manager.placements
+    assert after[1].actor_pid == before[1].actor_pid and after[1].pid != before[1].pid
+    assert [after[w].pid for w in (0, 2, 3)] == [before[w].pid for w in (0, 2, 3)]
+    assert manager.restart_counts == {"hung": 1}
 
 
 TRAINER_ON_LOCAL_RAY = """

@@ -29,6 +29,16 @@ def test_bools_are_not_numbers():
 
 
 @pytest.mark.fast
+def test_envs_per_worker_is_a_count_for_the_ray_backend():
+    assert parse_section({"backend": "ray", "envs_per_worker": 8}).envs_per_worker == 8
+    with pytest.raises(TrainerConfigError, match="'envs_per_worker: 2' is for the Ray backend"):
+        parse_section({"envs_per_worker": 2})
+    for wrong in (0, 257, True, 2.5):
+        with pytest.raises(TrainerConfigError, match="envs_per_worker"):
+            parse_section({"backend": "ray", "envs_per_worker": wrong})
+
+
+@pytest.mark.fast
 def test_env_must_name_a_factory():
     with pytest.raises(TrainerConfigError, match="package.module:factory"):
         parse_section({"env": "mlagents_plugin.testing.simple_env"})

@@ -7,7 +7,7 @@ local/supervisor.py is the process backend, ray/backend.py the Ray one, and the 
 the manager with an in-memory one (tests/fake_backend.py).
 """
 import abc
-from typing import Callable, List, NamedTuple, Optional, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot
@@ -41,6 +41,10 @@ class BackendSetup(NamedTuple):
     n_env: int
     pickled_env_factory: bytes
     clock: Callable[[], float]
+    on_worker_timers: Callable[[Any], None]  # what becomes of a closing worker's timer tree
+    # Whether workers may put large arrays in shared memory: not when the steps travel on to
+    # a trainer on another machine (a Ray actor's process backend).
+    shared_memory: bool = True
 
 
 class Backend(abc.ABC):

@@ -16,15 +16,17 @@ keeps the state, the deadline and the outstanding request consistent:
 """
 import enum
 import os
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
-from mlagents.trainers.action_info import ActionInfo
-from mlagents.trainers.env_manager import EnvironmentStep
 from mlagents_envs.base_env import BehaviorName, BehaviorSpec
 
 from mlagents_plugin.core.names import Placement, worker_label
 from mlagents_plugin.core.protocol import EnvironmentCommand
 from mlagents_plugin.core.wire import Decoder
+
+if TYPE_CHECKING:  # ML-Agents' trainers load torch: a Ray actor's slots do without them
+    from mlagents.trainers.action_info import ActionInfo
+    from mlagents.trainers.env_manager import EnvironmentStep
 
 CHECK_INVARIANTS = os.environ.get("MLAGENTS_PLUGIN_CHECK") == "1"
 
@@ -69,8 +71,8 @@ class Slot:
         self.restart_at = 0.0
         self.ever_started = False  # has any incarnation finished building its env?
         self.last_command: Optional[EnvironmentCommand] = None
-        self.previous_step = EnvironmentStep.empty(worker_id)
-        self.previous_all_action_info: Dict[BehaviorName, ActionInfo] = {}
+        self.previous_step: Optional["EnvironmentStep"] = None  # None: none yet (the manager's)
+        self.previous_all_action_info: Dict[BehaviorName, "ActionInfo"] = {}
         self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}
         self.decoder = Decoder()  # of the current incarnation's step results
 
@@ -100,7 +102,7 @@ class Slot:
         self.deadline = now + startup_timeout_s
         self.pid, self.placement = None, None
         self.awaiting, self.last_command = None, None
-        self.previous_step = EnvironmentStep.empty(self.worker_id)
+        self.previous_step = None
         self.previous_all_action_info = {}
 
     def sent(self, command: EnvironmentCommand) -> None:

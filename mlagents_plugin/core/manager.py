@@ -96,7 +96,9 @@ class SupervisedManagerBase(EnvManager):
         self._completed: List[EnvironmentStep] = []
         self._health = HealthStats(n_env, clock)
         self._closed = False
-        self._backend = backend(BackendSetup(self.settings, n_env, self._pickled_factory, clock))
+        self._backend = backend(
+            BackendSetup(self.settings, n_env, self._pickled_factory, clock, merge_worker_timers)
+        )
         _open_managers.add(self)
         try:
             for slot in self._slots:
@@ -228,9 +230,9 @@ class SupervisedManagerBase(EnvManager):
     def _queue_steps(self) -> None:
         idle = [slot for slot in self._slots if slot.state is WorkerState.IDLE]
         if self.settings.batch_inference and len(idle) > 1:
-            actions = self._take_steps([slot.previous_step for slot in idle])
+            actions = self._take_steps([_last_step(slot) for slot in idle])
         else:
-            actions = [self._take_step(slot.previous_step) for slot in idle]
+            actions = [self._take_step(_last_step(slot)) for slot in idle]
         for slot, all_action_info in zip(idle, actions, strict=True):
             slot.previous_all_action_info = all_action_info
             env_actions = {
@@ -466,6 +468,11 @@ class SupervisedManagerBase(EnvManager):
                 if self._parameter_calls:
                     self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
                 self._request(slot, EnvironmentCommand.RESET)
+
+
+def _last_step(slot: Slot) -> EnvironmentStep:
+    """The step the slot's next actions answer (an empty one before its first)."""
+    return slot.previous_step if slot.previous_step is not None else EnvironmentStep.empty(slot.worker_id)
 
 
 def merge_worker_timers(timer_root: Any) -> None:

@@ -24,6 +24,8 @@ STARTUP_MARGIN_S = 30.0
 # The longest any duration may be. Every wait is bounded, and a bound must be one: .inf or 1e12
 # would pass a "> 0" check and then overflow the first timer it reaches.
 MAX_DURATION_S = 24 * 3600.0
+# Envs one Ray actor may host: each is a process (a Unity build with its own port).
+MAX_ENVS_PER_WORKER = 256
 
 
 def _float(value: Any) -> Any:
@@ -119,6 +121,11 @@ def _build(cls: type, section: Any, where: str) -> Any:
         ) from None
 
 
+def _count(instance: Any, attribute: "attr.Attribute", value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{attribute.name}' must be a whole number, not {value!r}.")
+
+
 @attr.s(auto_attribs=True, frozen=True)
 class EnvManagerSettings:
     enabled: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
@@ -150,6 +157,12 @@ class EnvManagerSettings:
     ray: RaySettings = attr.ib(factory=RaySettings, converter=_ray_settings)
     # one forward pass per behaviour for all workers ready together (NOTE [ Batched inference ])
     batch_inference: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
+    # envs one Ray actor hosts and steps together, each its own process (NOTE [ Hosts ] in
+    # ray/backend.py)
+    envs_per_worker: int = attr.ib(
+        default=1,
+        validator=[_count, attr.validators.ge(1), attr.validators.le(MAX_ENVS_PER_WORKER)],
+    )
 
     @env.validator
     def _check_env(self, attribute: "attr.Attribute", value: Optional[str]) -> None:
@@ -167,6 +180,12 @@ class EnvManagerSettings:
             raise ValueError(
                 "'env' needs the plugin, but 'enabled' is false: ML-Agents' own "
                 "SubprocessEnvManager trains only on Unity builds and the Editor."
+            )
+        if self.envs_per_worker > 1 and self.backend != "ray":
+            raise ValueError(
+                f"'envs_per_worker: {self.envs_per_worker}' is for the Ray backend, where it "
+                "divides the trainer's cost of an actor call; with the subprocess backend every "
+                "env is its own process on a pipe already (docs/ray.md, Sizing)."
             )
         if not self.enabled and self.backend != "subprocess":
             raise ValueError(

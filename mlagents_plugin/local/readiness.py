@@ -28,5 +28,9 @@ class Readiness:
         """(object, data) of everything readable, within ``timeout`` seconds (0: just look)."""
         return [(key.fileobj, key.data) for key, _ in self._selector.select(max(timeout, 0.0))]
 
+    def fileno(self) -> int:
+        """A descriptor that is readable while anything watched is (for an event loop)."""
+        return self._selector.fileno()  # epoll, on Linux
+
     def close(self) -> None:
         self._selector.close()

@@ -161,6 +161,8 @@ class Academy:
 
     def _step(self, rl_input: UnityRLInputProto) -> None:
         self.steps += 1
+        if self.scene.options.frame_time_s > 0:
+            time.sleep(self.scene.options.frame_time_s)
         for behavior in self.scene.behaviors:
             agents = {agent.id: agent for agent in self.scene.agents[behavior.name]}
             actions = rl_input.agent_actions[behavior.name].value if behavior.name in rl_input.agent_actions else []

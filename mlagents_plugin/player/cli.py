@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
                        help="default of the step_penalty environment parameter")
     scene.add_argument("--image-size", type=int, default=defaults.image_size)
     scene.add_argument("--behavior-name", default="", help="rename the scene's behaviour (to match your YAML)")
+    scene.add_argument("--frame-time-s", type=float, default=defaults.frame_time_s,
+                       help="sleep this long per step, as a build whose frame takes that long")
     faults = p.add_argument_group("faults (for testing what happens when a build misbehaves)")
     faults.add_argument("--crash-after-steps", type=int, help="crash at this step")
     faults.add_argument("--crash-exit-code", type=int, default=3)
@@ -77,6 +79,7 @@ def scene_options(args: argparse.Namespace) -> SceneOptions:
         step_penalty=args.step_penalty,
         image_size=args.image_size,
         behavior_name=args.behavior_name,
+        frame_time_s=args.frame_time_s,
     )
 
 

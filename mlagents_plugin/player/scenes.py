@@ -39,6 +39,7 @@ class SceneOptions(NamedTuple):
     step_penalty: float = 0.01  # default of the "step_penalty" environment parameter
     image_size: int = 84
     behavior_name: str = ""  # renames a one-behaviour scene's behaviour (to match your YAML)
+    frame_time_s: float = 0.0  # slept per step: a Unity frame's physics and rendering, without the CPU
 
 
 class Agent:

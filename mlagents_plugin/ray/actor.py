@@ -1,133 +1,250 @@
-"""The Ray actor that hosts one env worker incarnation: a node-local supervisor of one process.
+"""The Ray actor that hosts ``envs_per_worker`` env workers: a node-local process backend.
 
-The actor does not run the env itself. It starts the same worker process the subprocess backend
-uses (worker.py), on its own node, and relays packed messages between the trainer and that
-worker's pipe without unpacking them. See NOTE [ Ray actors host a worker process ].
+The actor does not run envs itself. It runs the subprocess backend (local/supervisor.py) on its
+own node, over the envs the trainer gives it, and answers the trainer's calls with what those
+workers said. See NOTE [ Ray actors host worker processes ] and, for how the trainer batches its
+calls, NOTE [ Hosts ] in backend.py.
 
-This module does not import Ray: ray_backend.py turns ``EnvWorkerActor`` into an actor class.
+This module does not import Ray at module level: backend.py turns ``EnvHostActor`` into an
+actor class.
 """
-import multiprocessing
 import os
-import secrets
-from multiprocessing.connection import Connection, wait
-from typing import Any, List, NamedTuple, Optional, Tuple, Union
+import threading
+import time
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple, Union
 
+import attr
 from mlagents_envs import logging_util
 
-from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentRequest, WorkerSpec, pack
-from mlagents_plugin.local import processes
-from mlagents_plugin.local.readiness import Readiness
-from mlagents_plugin.local.shutdown import Ladder
-from mlagents_plugin.local.worker import start_worker
+from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason, Slot
+from mlagents_plugin.core.names import Placement
+from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentResponse, WorkerSpec
+from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.backend import ProcessBackend
 
-logger = logging_util.get_logger(__name__)
-
-# The bound of each wait for the worker; the trainer's deadlines bound them all.
-RELAY_WAIT_S = 1.0
-# How long the actor waits to reap a worker whose sentinel fired, to learn its exit code.
-EXIT_WAIT_S = 1.0
+# How often a departing worker's ladder is advanced between calls (it needs no call to finish).
+HOUSEKEEPING_S = 0.05
 
 
-# NOTE [ Ray actors host a worker process ]
-# A Ray actor could run the env in its own process, as RLlib's env runners do. It would then
-# lose what the subprocess backend guarantees: a Unity build is started in its own session, and
-# when the actor is killed (ray.kill on a hang, a lost node, the trainer's SIGKILL) nothing would
-# take the build down with it. Instead each actor starts one worker process from worker.py and
-# is that worker's "trainer": the worker watches the actor's pid and, when the actor dies, kills
-# what it started and exits (NOTE [ No orphans ]); the actor's close runs the same shutdown ladder
-# on its one worker (NOTE [ Shutdown ladder ]). Messages are relayed as the bytes they are on a
-# pipe, so both ends speak protocol.py and the actor only forwards. The worker is started with
-# spawn: an actor process runs Ray's threads, which a fork would copy in whatever state they are.
-# The cost is one more process per env and one pipe hop per step, small beside a Ray round trip
-# (docs/benchmarks.md).
-class ActorReply(NamedTuple):
-    """What an actor hands back for a request that has a reply."""
-
-    message: Optional[bytes]  # the worker's reply, packed as on the pipe; None if it exited
-    exitcode: Optional[int]  # set when the worker exited without (further) reply
-    where: Optional[Tuple[str, str, int]] = None  # node id, node address, actor pid (start)
+# NOTE [ Ray actors host worker processes ]
+# A Ray actor could run an env in its own process, as RLlib's env runners do. It would then lose
+# what the subprocess backend guarantees: a Unity build is started in its own session, and when
+# the actor is killed (a lost node, the trainer's SIGKILL) nothing would take the build down with
+# it. Instead each actor runs the subprocess backend on its node: one worker process per env
+# (from the actor's own fork server), the same pipes, sentinels, shutdown ladder, and the actor's
+# reaper, which kills the workers and what they started when the actor dies (NOTE [ No orphans ]).
+# So a hung env is killed by the ladder of its actor, and its k-1 neighbours go on; a dead actor
+# takes its k envs with it, and the trainer restarts them on a new actor. The k workers step in
+# parallel (k Unity players run at once), and the actor answers for all of them in one call: the
+# trainer pays one Ray round trip per call, not per env. Steps do not use shared memory here: the
+# trainer may be on another machine.
+class Launch(NamedTuple):
+    spec: WorkerSpec
 
 
-class EnvWorkerActor:
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        shutdown_timeout_s: float,
-        kill_grace_s: float,
-    ):
+class Deliver(NamedTuple):
+    worker_id: int
+    incarnation: int
+    command: EnvironmentCommand
+    data: bytes  # a packed EnvironmentRequest, passed on as it is
+
+
+class Release(NamedTuple):
+    worker_id: int
+    incarnation: int
+    reason: Reason
+    last_command: Optional[EnvironmentCommand]
+
+
+Item = Union[Launch, Deliver, Release]
+
+
+class EnvEvent(NamedTuple):
+    """What one env worker said (``response``) or how it ended (``error``)."""
+
+    worker_id: int
+    incarnation: int
+    response: Optional[EnvironmentResponse]
+    error: Optional[WorkerDiedError]
+
+
+class HostReport(NamedTuple):
+    """The answer to every call: what happened since the last one."""
+
+    events: List[EnvEvent]
+    where: Tuple[str, str, int]  # node id, node address, actor pid
+    pids: Dict[Tuple[int, int], int]  # (worker id, incarnation) -> pid, for launches since
+    departing: FrozenSet[int]  # worker ids whose processes are still on their way out
+    outcomes: Dict[int, str]  # how each worker's last process ended, once it did
+    timers: List[Any]  # timer trees of workers that closed since
+
+
+class EnvHostActor:
+    def __init__(self, settings: EnvManagerSettings, pickled_env_factory: bytes, n_env: int):
         import ray  # this runs in a Ray worker; the module itself does not need Ray
 
-        logging_util.set_log_level(spec.log_level)
-        self.spec = spec._replace(
-            owner_tag=f"{processes.owner_prefix(os.getpid())}{secrets.token_hex(4)}/"
-            f"{spec.worker_id}.{spec.incarnation}/",
-            segment_prefix=None,  # the trainer may be on another node
+        self._timers: List[Any] = []
+        # The actor's threads would be copied by a fork: workers come from its fork server.
+        settings = attr.evolve(settings, start_method="forkserver")
+        self._backend = ProcessBackend(
+            BackendSetup(
+                settings, n_env, pickled_env_factory, time.monotonic,
+                on_worker_timers=lambda timers: self._timers.append(timers), shared_memory=False,
+            )
         )
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.kill_grace_s = kill_grace_s
-        self.where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
-        self.process, self.conn = start_worker(multiprocessing.get_context("spawn"), self.spec)
-        assert self.process.pid is not None  # started
-        processes.reaper.watch_worker(self.process.pid)  # NOTE [ No orphans ]
+        self._where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
+        self._slots: Dict[int, Slot] = {}  # the live incarnations, as the process backend sees them
+        self._ready: Set[int] = set()  # worker ids whose current incarnation has said READY
+        self._known: Set[int] = set()  # every worker id launched here
+        self._pids: Dict[Tuple[int, int], int] = {}
+        self._events: List[EnvEvent] = []
+        # Between calls, departing workers still go down on time (NOTE [ Shutdown ladder ]).
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._housekeeper = threading.Thread(target=self._keep_house, name="ladder", daemon=True)
+        self._housekeeper.start()
 
-    def start(self) -> ActorReply:
-        """Wait for the worker's READY (or its error, or its death)."""
-        return self._next_reply()._replace(where=self.where)
+    def exchange(self, items: List[Item], wait_s: float) -> HostReport:
+        """Carry out ``items`` in order, then wait up to ``wait_s`` for the replies they ask
+        from envs that are ready (envs still starting answer in a later call), or, if they ask
+        none, for anything to report."""
+        with self._lock:
+            return self._exchange(items, wait_s)
 
-    def call(self, data: bytes) -> ActorReply:
-        """Forward a request that has a reply (STEP, RESET) and wait for the reply."""
-        self.tell(data)
-        return self._next_reply()
+    def apply(self, items: List[Item]) -> None:
+        """Carry out ``items`` in order; what the workers answer goes in the next report."""
+        with self._lock:
+            self._apply(items)
 
-    def tell(self, data: bytes) -> None:
-        """Forward a request that has no reply."""
-        try:
-            self.conn.send_bytes(data)
-        except (OSError, EOFError):
-            pass  # the worker is gone: the next reply says how
+    def _apply(self, items: List[Item]) -> Set[int]:
+        """Carry out ``items``; return the envs asked for a reply that are ready to give it."""
+        awaited = set()
+        for item in items:
+            if isinstance(item, Launch):
+                self._launch(item.spec)
+            elif isinstance(item, Deliver):
+                if self._deliver(item) and item.worker_id in self._ready:
+                    awaited.add(item.worker_id)
+            else:
+                self._release(item)
+        return awaited
 
-    def close(self) -> Any:
-        """CLOSE the worker, then the ladder; return its timers (or None) and how it went."""
-        spec = self.spec
-        self.tell(pack(EnvironmentRequest(EnvironmentCommand.CLOSE, spec.worker_id, spec.incarnation)))
-        timers: List[Any] = []
-        readiness = Readiness()
-        ladder = Ladder(self.shutdown_timeout_s, self.kill_grace_s, readiness)
-        ladder.add(
-            spec.worker_id,
-            self.process,
-            self.conn,
-            f"env worker {spec.worker_id} (pid {self.process.pid})",
-            spec.owner_tag,
-            EnvironmentCommand.CLOSE,
-            on_closed=timers.append,
-        )
-        try:
-            ladder.run()
-        finally:
-            readiness.close()
-        return (timers[0] if timers else None), ladder.outcomes.get(spec.worker_id)
-
-    def _next_reply(self) -> ActorReply:
-        """The worker's next message, or its exit code once it exited without one.
-
-        Each wait is bounded; the whole is bounded by the trainer, which kills this actor when
-        its deadline passes (startup_timeout_s, step_timeout_s).
-        """
-        watched: List[Union[Connection, int]] = [self.conn, self.process.sentinel]
+    def _exchange(self, items: List[Item], wait_s: float) -> HostReport:
+        awaited = self._apply(items)
+        departing = self._departing()
+        deadline = time.monotonic() + wait_s
+        answered: Set[int] = set()
         while True:
-            ready = wait(watched, timeout=RELAY_WAIT_S)
-            if self.conn in ready:
-                try:
-                    return ActorReply(self.conn.recv_bytes(), None)
-                except (EOFError, OSError):
-                    watched = [self.process.sentinel]  # gone without a word: wait for its exit
-            elif ready:  # it exited; a last message may still be in the pipe
-                if self.conn in watched and self.conn.poll():
-                    continue
-                self.process.join(EXIT_WAIT_S)
-                return ActorReply(None, self.process.exitcode)
+            if awaited <= answered and (awaited or self._events or self._departing() != departing):
+                break
+            timeout = deadline - time.monotonic()
+            next_deadline = self._backend.next_deadline()
+            if next_deadline is not None:
+                timeout = min(timeout, next_deadline - time.monotonic())
+            answered |= self._receive(self._backend.wait(max(0.0, timeout)))
+            self._backend.advance()
+            if time.monotonic() >= deadline:
+                break
+        return self._report()
+
+    def close(self, interrupted: bool) -> HostReport:
+        """Take every worker down (NOTE [ Shutdown ladder ]), bounded; report how they went."""
+        self._closed.set()
+        self._housekeeper.join(HOUSEKEEPING_S + 1.0)
+        with self._lock:
+            return self._close(interrupted)
+
+    def _keep_house(self) -> None:
+        """While no call runs: the ladder's next step for departing workers, and what the
+        workers say meanwhile (kept for the next report)."""
+        while not self._closed.wait(HOUSEKEEPING_S):
+            if self._backend.next_deadline() is None or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                self._receive(self._backend.wait(0.0))
+                self._backend.advance()
+            finally:
+                self._lock.release()
+
+    def _close(self, interrupted: bool) -> HostReport:
+        for slot in list(self._slots.values()):
+            self._backend.release(slot, Reason.INTERRUPTED if interrupted else Reason.CLOSE)
+        self._slots.clear()
+        self._backend.close(interrupted)
+        return self._report()
+
+    # ------------------------------------------------------------------------------ items
+
+    def _launch(self, spec: WorkerSpec) -> None:
+        # The actor's mirror of the trainer's slot: what the process backend reads (worker id,
+        # incarnation, label, last command), kept up to date here rather than by transitions.
+        logging_util.set_log_level(spec.log_level)
+        slot = Slot(spec.worker_id)
+        slot.incarnation = spec.incarnation
+        self._backend.launch(slot, spec)
+        assert slot.placement is not None and slot.placement.pid is not None  # set by launch
+        pid = slot.placement.pid
+        node_id, address, actor_pid = self._where
+        slot.placement = Placement(slot.worker_id, pid, address, node_id, actor_pid)
+        self._slots[spec.worker_id] = slot
+        self._ready.discard(spec.worker_id)
+        self._known.add(spec.worker_id)
+        self._pids[(spec.worker_id, spec.incarnation)] = pid
+
+    def _deliver(self, item: Deliver) -> bool:
+        slot = self._slots.get(item.worker_id)
+        if slot is None or slot.incarnation != item.incarnation:
+            return False  # released meanwhile
+        slot.last_command = item.command
+        if item.command in WITH_REPLY:
+            slot.awaiting = item.command
+        self._backend.deliver(slot, item.command, item.data)
+        return item.command in WITH_REPLY
+
+    def _release(self, item: Release) -> None:
+        slot = self._slots.get(item.worker_id)
+        if slot is None or slot.incarnation != item.incarnation:
+            return
+        del self._slots[item.worker_id]
+        self._ready.discard(item.worker_id)
+        slot.last_command = item.last_command
+        self._backend.release(slot, item.reason)
+
+    # ----------------------------------------------------------------------------- events
+
+    def _receive(self, events: List[Event]) -> Set[int]:
+        """Keep what the workers said for the report; return who answered a request."""
+        answered = set()
+        for event in events:
+            slot = event.slot
+            if self._slots.get(slot.worker_id) is not slot:
+                continue  # from an incarnation released meanwhile
+            if isinstance(event, Reply):
+                response = event.response
+                if response.cmd is EnvironmentCommand.READY:
+                    self._ready.add(slot.worker_id)
+                else:
+                    slot.awaiting = None
+                    answered.add(slot.worker_id)
+                self._events.append(EnvEvent(slot.worker_id, event.incarnation, response, None))
+            elif isinstance(event, Death):
+                answered.add(slot.worker_id)
+                self._events.append(EnvEvent(slot.worker_id, event.incarnation, None, event.error))
+        return answered
+
+    def _departing(self) -> FrozenSet[int]:
+        return frozenset(w for w in self._known if self._backend.departing(w))
+
+    def _report(self) -> HostReport:
+        departing = self._departing()
+        outcomes = {
+            w: self._backend.outcome(w) for w in self._known if w not in self._slots and w not in departing
+        }
+        report = HostReport(self._events, self._where, self._pids, departing, outcomes, self._timers)
+        self._events, self._pids, self._timers = [], {}, []
+        return report
 
     def __repr__(self) -> str:  # Ray shows this in its logs and errors
-        return f"EnvWorkerActor(worker {self.spec.worker_id}, incarnation {self.spec.incarnation})"
-
+        return f"EnvHostActor(pid {os.getpid()})"

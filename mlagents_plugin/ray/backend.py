@@ -1,30 +1,29 @@
 """RayEnvManager: the same supervised env manager, its workers Ray actors anywhere in a cluster.
 
 Every decision is the manager's (core/manager.py), as for the subprocess backend. ``RayBackend``
-here is the transport: a worker incarnation is an actor (actor.py, NOTE [ Ray actors host a
-worker process ]); a request is an actor call whose result is the worker's reply; the trainer
-blocks in ``ray.wait`` on every call in flight; a lost actor or node is a worker death; a hung
-worker is killed with ``ray.kill``. docs/ray.md says how to run it on a cluster and what fails
-how.
+here is the transport: an actor hosts ``envs_per_worker`` worker processes (actor.py, NOTE [ Ray
+actors host worker processes ]); the trainer's messages to one actor go in one call, whose result
+is what its workers said (NOTE [ Hosts ]); the trainer blocks in ``ray.wait`` on every call in
+flight; a lost actor or node is the death of its workers; a hung worker is killed by its actor's
+shutdown ladder. docs/ray.md says how to run it on a cluster and what fails how.
 """
 import math
 import os
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
 from mlagents_plugin.core.errors import WorkerDiedError
-from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason, Slot
+from mlagents_plugin.core.lifecycle import Reason, Slot, WorkerState
 from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase, merge_worker_timers
 from mlagents_plugin.core.names import Placement, command_name, zombie_report
-from mlagents_plugin.core.protocol import EnvironmentCommand, WorkerSpec, unpack_response
+from mlagents_plugin.core.protocol import EnvironmentCommand, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
-from mlagents_plugin.local.processes import describe_exit
 from mlagents_plugin.ray import local as ray_local
-from mlagents_plugin.ray.actor import ActorReply, EnvWorkerActor
+from mlagents_plugin.ray.actor import Deliver, EnvHostActor, HostReport, Item, Launch, Release
 
 INSTALL_HINT = (
     "The Ray backend needs Ray 2.60.0: pip install ray==2.60.0 (from a checkout of "
@@ -53,17 +52,55 @@ class RayEnvManager(SupervisedManagerBase):
         super().__init__(env_factory, run_options, n_env, settings, RayBackend)
 
 
-class _ActorDeparture(NamedTuple):
-    """An actor on its way out: its close call, or after ray.kill, a probe that fails once it is dead."""
+# NOTE [ Hosts ]
+# Each Ray actor hosts ``envs_per_worker`` (k) envs: worker ids h*k .. h*k+k-1 live on host h.
+# Every env is still a slot of its own to the manager (its own worker id, incarnation, state,
+# deadlines, restarts and health stats), so agent ids, trajectories and stats are as with k = 1.
+# What k changes is the transport: the trainer's messages to one host's envs between two waits
+# travel in one actor call (``exchange``), and the call answers for all of them at once, so
+# the trainer's cost of a Ray round trip (about 1-2 ms of CPU) is paid per call, not per env.
+# A host has at most one call in flight: Ray runs an actor's calls one at a time anyway, and
+# one call at a time keeps each env's replies in order without sequence numbers. A call returns
+# once the envs it asked (that are ready) answered, or after CALL_WAIT_S, with whatever the
+# host's envs said meanwhile; an env still starting, or slow, answers in a later call. Hosts
+# are independent: each host's call returns on its own, and its envs get their next actions
+# as soon as the trainer has them (no env waits for another host's slowest env). While a host
+# has nothing to send but still owes replies (a starting or hung env) or has envs on their way
+# out, the trainer polls it every POLL_WAIT_S. A hung env is killed by its actor's shutdown
+# ladder and its neighbours go on; a dead actor (ray.kill, a lost node) is a death of all its
+# envs, and the first of them to restart starts a new actor for the host.
+CALL_WAIT_S = 1.0
+POLL_WAIT_S = 0.1
 
-    actor: Any
-    ref: Any
-    deadline: float
-    killed: bool
-    label: str
-    last_command: Optional[EnvironmentCommand]
-    dropped: List[Any]  # its calls whose replies no longer matter; read at the end, so Ray
-    # does not report their errors as unhandled
+
+class _Host:
+    """One actor and the slots it hosts, as the trainer sees them."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.actor: Any = None
+        self.answered = False  # has the actor answered any call (it is placed)?
+        self.slots: Dict[int, Slot] = {}  # by worker id: the live incarnations on this actor
+        self.outbox: List[Item] = []
+        self.call: Any = None  # the call in flight
+        self.departing: Set[int] = set()
+        self.where: Optional[Tuple[str, str, int]] = None
+        self.deaths: List[Event] = []  # to report at the next wait (an actor killed here)
+        self.applying: List[Any] = []  # calls that return nothing, read so Ray does not report
+        # their errors as unhandled (a dead actor is reported by the exchange calls)
+
+    def read_applied(self, timeout: float = 0.0) -> None:
+        if not self.applying:
+            return
+        done, self.applying = ray.wait(self.applying, num_returns=len(self.applying), timeout=timeout)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayError:
+                pass
+
+    def owes_replies(self) -> bool:
+        return any(s.state is WorkerState.STARTING or s.awaiting is not None for s in self.slots.values())
 
 
 class RayBackend(Backend):
@@ -72,22 +109,21 @@ class RayBackend(Backend):
     def __init__(self, setup: BackendSetup):
         settings = setup.settings
         ray_settings = settings.ray
-        self._shutdown_timeout_s = settings.shutdown_timeout_s
-        self._kill_grace_s = settings.kill_grace_s
+        self._settings = settings
+        self._pickled_env_factory = setup.pickled_env_factory
+        self._k = settings.envs_per_worker
         self._clock = setup.clock
-        self._actors: Dict[int, Any] = {}  # by worker id: the live incarnations' actors
-        self._in_flight: Dict[Any, Tuple[Slot, int]] = {}  # call -> slot, incarnation
-        self._departures: Dict[int, _ActorDeparture] = {}
+        self._hosts = [_Host(h) for h in range(math.ceil(setup.n_env / self._k))]
         self._outcomes: Dict[int, str] = {}
-        # A local Ray gets what the workers ask for: on one machine they share the cores
+        # A local Ray gets what the actors ask for: on one machine they share the cores
         # anyway, as subprocess workers do, and none may wait for a CPU or a resource.
-        n_env = setup.n_env
+        n_hosts = len(self._hosts)
         self._leave_ray = ray_local.connect(
             ray_settings.address,
-            num_cpus=math.ceil(max(os.cpu_count() or 1, n_env * ray_settings.num_cpus_per_worker)),
-            resources={k: v * n_env for k, v in ray_settings.resources.items()},
+            num_cpus=math.ceil(max(os.cpu_count() or 1, n_hosts * ray_settings.num_cpus_per_worker)),
+            resources={k: v * n_hosts for k, v in ray_settings.resources.items()},
         )  # NOTE [ Sharing Ray in one process ]
-        self._actor_class = ray.remote(EnvWorkerActor).options(
+        self._actor_class = ray.remote(EnvHostActor).options(
             num_cpus=ray_settings.num_cpus_per_worker,
             resources=dict(ray_settings.resources),
             runtime_env=ray_settings.runtime_env,
@@ -96,91 +132,106 @@ class RayBackend(Backend):
             max_task_retries=0,
         )
 
+    def _host(self, worker_id: int) -> _Host:
+        return self._hosts[worker_id // self._k]
+
     def launch(self, slot: Slot, spec: WorkerSpec) -> None:
-        # The actor fills in its own tags: NOTE [ Ray actors host a worker process ].
-        actor = self._actor_class.remote(spec, self._shutdown_timeout_s, self._kill_grace_s)
-        self._actors[slot.worker_id] = actor
-        # Ray's stubs type an actor's methods as the class's plain functions, without .remote
-        self._in_flight[actor.start.remote()] = (slot, slot.incarnation)  # type: ignore[attr-defined]
+        host = self._host(slot.worker_id)
+        if host.actor is None:
+            n_env = min(self._k, len(self._hosts) * self._k)
+            host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, n_env)
+            host.answered = False
+        host.slots[slot.worker_id] = slot
+        host.outbox.append(Launch(spec))
 
     def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
-        # Ray runs one caller's calls on an actor in the order they were made. Calls without
-        # a reply are kept in flight too: their failure is read, not left unhandled.
-        actor = self._actors.get(slot.worker_id)
-        if actor is None:
-            return
-        method = actor.call if command in WITH_REPLY else actor.tell
-        self._in_flight[method.remote(data)] = (slot, slot.incarnation)
+        host = self._host(slot.worker_id)
+        if host.slots.get(slot.worker_id) is slot:
+            host.outbox.append(Deliver(slot.worker_id, slot.incarnation, command, data))
 
     def release(self, slot: Slot, reason: Reason) -> None:
-        """A hung worker's actor is killed at once, as is one that has not finished starting
-        (a close call would wait for the start); any other is asked to close its worker."""
-        actor = self._actors.pop(slot.worker_id)
-        label, placed = slot.label, slot.placement is not None
-        dropped = [ref for ref, (owner, _) in self._in_flight.items() if owner is slot]
-        for ref in dropped:
-            del self._in_flight[ref]
+        """The slot's worker goes down through its actor's shutdown ladder. An actor that never
+        answered (not placed, or still starting) could not run it: it is killed, and the
+        envs it hosts with it."""
+        host = self._host(slot.worker_id)
+        if host.slots.get(slot.worker_id) is not slot:
+            return
+        del host.slots[slot.worker_id]
+        if not host.answered:
+            logger.info(f"{slot.label}: its Ray actor has not started; killing it.")
+            self._outcomes[slot.worker_id] = "was killed with its Ray actor"
+            self._kill_host(host, f"its Ray actor was killed before it started, with {slot.label}")
+            return
         last_command = slot.awaiting or slot.last_command
-        if reason is Reason.HUNG:
-            self._kill(slot.worker_id, actor, label, last_command, "did not answer", dropped)
-        elif reason is Reason.INTERRUPTED:
-            why = "was killed at once on a second interrupt"
-            self._kill(slot.worker_id, actor, label, last_command, why, dropped)
-        elif reason is Reason.BUILDING or not placed:
-            logger.info(f"{label} has not finished starting; killing its Ray actor.")
-            self._kill(slot.worker_id, actor, label, last_command, None, dropped)
-        else:
-            deadline = self._shutdown_timeout_s + self._kill_grace_s + CLOSE_SLACK_S
-            self._departures[slot.worker_id] = _ActorDeparture(
-                actor, actor.close.remote(), self._clock() + deadline, False, label, last_command, dropped
-            )
-
-    def _kill(
-        self,
-        worker_id: int,
-        actor: Any,
-        label: str,
-        last_command: Optional[EnvironmentCommand],
-        why: Optional[str],
-        dropped: List[Any],
-    ) -> None:
-        """Kill the actor; ``why`` it was needed goes into a zombie-worker report."""
-        if why is not None:
-            logger.warning(zombie_report(label, why, last_command, "killing its Ray actor"))
-        ray.kill(actor, no_restart=True)
-        probe = actor.start.remote()  # fails as soon as the actor is dead
-        self._departures[worker_id] = _ActorDeparture(
-            actor, probe, self._clock() + self._kill_grace_s, True, label, last_command, dropped + [probe]
-        )
+        if reason is Reason.HUNG:  # the actor's ladder reports it too, in the actor's log
+            why = f"did not answer {command_name(last_command)}"
+            logger.warning(zombie_report(slot.label, why, last_command, "its Ray actor is killing it"))
+        # Sent now, not at the next wait: a hung worker and its player go down even if the
+        # trainer does not call again for a while. Ray runs it after the calls sent before it.
+        items, host.outbox = host.outbox + [Release(slot.worker_id, slot.incarnation, reason, last_command)], []
+        host.applying.append(host.actor.apply.remote(items))
+        host.departing.add(slot.worker_id)
 
     def departing(self, worker_id: int) -> bool:
-        return worker_id in self._departures
+        return worker_id in self._host(worker_id).departing
+
+    def _kill_host(self, host: _Host, why: str) -> None:
+        """Kill the host's actor; its live slots die (reported at the next wait)."""
+        if host.actor is not None:
+            ray.kill(host.actor, no_restart=True)
+        for slot in host.slots.values():
+            error = WorkerDiedError(f"{slot.label}: {why}.", slot.worker_id, slot.pid)
+            host.deaths.append(Death(slot, slot.incarnation, error))
+            self._outcomes[slot.worker_id] = "was killed with its Ray actor"
+        host.actor, host.call, host.slots, host.outbox, host.departing = None, None, {}, [], set()
 
     def close(self, interrupted: bool) -> None:
-        """Every departure to its end (each actor runs its own ladder), killing what does not
-        answer within shutdown_timeout_s + kill_grace_s + CLOSE_SLACK_S, or at once when
-        ``interrupted``; then let go of Ray."""
+        """Every actor takes its workers down with its own ladder, bounded by shutdown_timeout_s
+        + kill_grace_s + CLOSE_SLACK_S (at once when ``interrupted``); an actor that does not
+        answer by then is killed. Then let go of Ray."""
         if not ray.is_initialized():
             # Ray's own exit handler ran first (interpreter exit): Ray killed the actors the
-            # driver owned, and each actor's reaper took its worker and player down
+            # driver owned, and each actor's reaper took its workers and players down
             # (NOTE [ No orphans ]).
             logger.info("Ray was shut down before the env manager: its actors went with it.")
             self._leave_ray()
             return
         try:
-            if interrupted:
-                for worker_id, departure in list(self._departures.items()):
-                    if not departure.killed:
-                        self._kill(
-                            worker_id, departure.actor, departure.label, departure.last_command,
-                            "was killed at once on a second interrupt", departure.dropped,
-                        )
-            while self._departures:
-                self.wait(max(0.0, (self.next_deadline() or 0.0) - self._clock()))
-                self.advance()
+            closing: Dict[Any, _Host] = {}
+            for host in self._hosts:
+                if host.actor is None:
+                    continue
+                if not host.answered or interrupted:
+                    self._kill_host(host, "closed")
+                    continue
+                if host.outbox:
+                    host.actor.exchange.remote(host.outbox, 0.0)
+                closing[host.actor.close.remote(interrupted)] = host
+            deadline = self._clock() + self._settings.shutdown_timeout_s + self._settings.kill_grace_s
+            deadline += CLOSE_SLACK_S + CALL_WAIT_S
+            while closing:
+                ready, _ = ray.wait(list(closing), num_returns=len(closing), timeout=max(0.0, deadline - self._clock()))
+                for ref in ready:
+                    self._finish(closing.pop(ref), ref)
+                if self._clock() >= deadline:
+                    break
+            for host in closing.values():
+                logger.warning(f"Ray actor of env workers {sorted(host.departing)} did not close in time; killing it.")
+                self._kill_host(host, "did not close in time")
         finally:
-            if not self._departures:
-                self._leave_ray()
+            self._leave_ray()
+
+    def _finish(self, host: _Host, ref: Any) -> None:
+        try:
+            report: HostReport = ray.get(ref)
+            self._absorb(host, report)
+            self._outcomes.update(report.outcomes)
+        except RayError as e:
+            for worker_id in host.departing:
+                self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
+        host.read_applied(timeout=1.0)  # Ray ran them before the close
+        ray.kill(host.actor, no_restart=True)  # its workers are reaped: free its resources
+        host.actor = None
 
     def outcome(self, worker_id: int) -> str:
         return self._outcomes.get(worker_id, "was not running")
@@ -194,96 +245,79 @@ class RayBackend(Backend):
     # ------------------------------------------------------------------------- events
 
     def wait(self, timeout: float) -> List[Event]:
-        """Block in ``ray.wait`` on every call in flight and every departure (no polling)."""
-        refs = list(self._in_flight) + [d.ref for d in self._departures.values()]
-        if not refs:
+        """Send each host what it has (NOTE [ Hosts ]), then block in ``ray.wait`` on every
+        call in flight (no polling on this side)."""
+        events: List[Event] = []
+        for host in self._hosts:
+            events += host.deaths
+            host.deaths = []
+            host.read_applied()
+            if host.actor is None or host.call is not None:
+                continue
+            if host.outbox:
+                host.call = host.actor.exchange.remote(host.outbox, CALL_WAIT_S)
+                host.outbox = []
+            elif host.departing or host.owes_replies():
+                host.call = host.actor.exchange.remote([], POLL_WAIT_S)
+        if events:
+            return events
+        calls = {host.call: host for host in self._hosts if host.call is not None}
+        if not calls:
             time.sleep(timeout)
             return []
-        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        ready, rest = ray.wait(list(calls), num_returns=1, timeout=timeout)
         if ready and rest:
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-        events: List[Event] = []
         for ref in ready:
-            if ref in self._in_flight:
-                slot, incarnation = self._in_flight.pop(ref)
-                if slot.worker_id in self._actors and slot.incarnation == incarnation:
-                    events += self._receive(slot, ref)
+            events += self._receive(calls[ref], ref)
         return events
 
-    def _receive(self, slot: Slot, ref: Any) -> List[Event]:
+    def _receive(self, host: _Host, ref: Any) -> List[Event]:
+        host.call = None
         try:
-            reply: Optional[ActorReply] = ray.get(ref)
+            report: HostReport = ray.get(ref)
         except RayError as e:
             what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
-            error = WorkerDiedError(
-                f"{slot.label}: its Ray actor {what} (last command: {command_name(slot.last_command)}); "
-                f"the node may have been lost. Ray says: {_first_line(e)}",
-                slot.worker_id,
-                slot.pid,
-            )
-            return [Death(slot, slot.incarnation, error)]
-        if reply is None:
-            return []  # a call without a reply went through
-        if reply.where is not None:
-            node_id, address, actor_pid = reply.where
-            slot.placement = Placement(slot.worker_id, slot.pid, address, node_id, actor_pid)
-        if reply.message is not None:
-            return [Reply(slot, slot.incarnation, unpack_response(reply.message))]
-        if reply.exitcode is not None:
-            error = WorkerDiedError(
-                f"{slot.label} {describe_exit(reply.exitcode)} "
-                f"(last command: {command_name(slot.last_command)}).",
-                slot.worker_id,
-                slot.pid,
-                reply.exitcode,
-            )
-            return [Death(slot, slot.incarnation, error)]
-        return []
+            events: List[Event] = []
+            for slot in host.slots.values():
+                error = WorkerDiedError(
+                    f"{slot.label}: its Ray actor {what} (last command: {command_name(slot.last_command)}); "
+                    f"the node may have been lost. Ray says: {_first_line(e)}",
+                    slot.worker_id,
+                    slot.pid,
+                )
+                events.append(Death(slot, slot.incarnation, error))
+            for worker_id in host.departing:
+                self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
+            host.actor, host.slots, host.outbox, host.departing = None, {}, [], set()
+            return events
+        host.answered = True
+        self._absorb(host, report)
+        events = []
+        for event in report.events:
+            owner = host.slots.get(event.worker_id)
+            if owner is None or owner.incarnation != event.incarnation:
+                continue  # from an incarnation released meanwhile
+            if event.response is not None:
+                events.append(Reply(owner, event.incarnation, event.response))
+            else:
+                assert event.error is not None
+                events.append(Death(owner, event.incarnation, event.error))
+        return events
 
-    def next_deadline(self) -> Optional[float]:
-        return min((d.deadline for d in self._departures.values()), default=None)
-
-    def advance(self) -> None:
-        """Finish departures that are done; kill actors whose close is overdue."""
-        now = self._clock()
-        for worker_id, departure in list(self._departures.items()):
-            done, _ = ray.wait([departure.ref], timeout=0)
-            if done:
-                del self._departures[worker_id]
-                self._finish(worker_id, departure)
-            elif now >= departure.deadline:
-                del self._departures[worker_id]
-                if departure.killed:
-                    logger.error(
-                        f"{departure.label}: its Ray actor was killed but Ray did not confirm "
-                        f"it is gone within kill_grace_s={self._kill_grace_s} s."
-                    )
-                    self._outcomes[worker_id] = "was killed (not confirmed)"
-                else:
-                    self._kill(
-                        worker_id, departure.actor, departure.label, departure.last_command,
-                        "did not close within shutdown_timeout_s + kill_grace_s", departure.dropped,
-                    )
-
-    def _finish(self, worker_id: int, departure: _ActorDeparture) -> None:
-        ready = (
-            ray.wait(departure.dropped, num_returns=len(departure.dropped), timeout=0)[0] if departure.dropped else []
-        )
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except RayError:
-                pass  # the actor was retired: what it failed with no longer matters
-        if departure.killed:
-            self._outcomes[worker_id] = "was killed with ray.kill"
-            return
-        try:
-            timers, outcome = ray.get(departure.ref)
+    def _absorb(self, host: _Host, report: HostReport) -> None:
+        """Where the host's workers run, which are still departing, and their timers."""
+        host.where = report.where
+        node_id, address, actor_pid = report.where
+        for (worker_id, incarnation), pid in report.pids.items():
+            slot = host.slots.get(worker_id)
+            if slot is not None and slot.incarnation == incarnation:
+                slot.placement = Placement(worker_id, pid, address, node_id, actor_pid)
+        releasing = {item.worker_id for item in host.outbox if isinstance(item, Release)}
+        host.departing = set(report.departing) | releasing
+        self._outcomes.update(report.outcomes)
+        for timers in report.timers:
             merge_worker_timers(timers)
-            self._outcomes[worker_id] = outcome or "exited"
-        except RayError as e:
-            self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
-        ray.kill(departure.actor, no_restart=True)  # its worker is reaped: free its resources
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,218 @@
+"""ProcessBackend: env workers as processes on this machine, on pipes and sentinels.
+
+The subprocess backend's transport (core/backend.py says what a backend is): it starts worker
+processes (worker.py), waits on their pipes and process sentinels at once, and hands them to the
+shutdown ladder (shutdown.py). SupervisedEnvManager (supervisor.py) runs it in the trainer, and
+each Ray actor runs one on its node (ray/actor.py). It imports neither torch nor ML-Agents'
+trainers: an actor that loads it stays light.
+"""
+import multiprocessing
+import os
+import secrets
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Dict, List, NamedTuple, Optional
+
+from mlagents_envs import logging_util
+
+from mlagents_plugin.core import factories, wire
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.lifecycle import Reason, Slot
+from mlagents_plugin.core.names import Placement, command_name
+from mlagents_plugin.core.protocol import (
+    EnvironmentCommand,
+    EnvironmentRequest,
+    WorkerSpec,
+    pack,
+    unpack_response,
+)
+from mlagents_plugin.local import processes
+from mlagents_plugin.local.readiness import Readiness
+from mlagents_plugin.local.shutdown import Ladder
+from mlagents_plugin.local.worker import start_worker, worker_preload
+
+logger = logging_util.get_logger(__name__)
+
+
+class _Worker(NamedTuple):
+    """A running worker process and the trainer's end of its pipe."""
+
+    process: BaseProcess
+    conn: Optional[Connection]  # None once the worker closed its end
+
+
+class ProcessBackend(Backend):
+    def __init__(self, setup: BackendSetup):
+        settings = setup.settings
+        self._context = multiprocessing.get_context(settings.start_method)
+        if settings.start_method == "forkserver":  # NOTE [ Worker start-up ]
+            self._context.set_forkserver_preload(
+                worker_preload() + factories.modules_to_load(setup.pickled_env_factory)
+            )
+        token = secrets.token_hex(4)
+        self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
+        self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None
+        self._on_worker_timers = setup.on_worker_timers
+        self._kill_grace_s = settings.kill_grace_s
+        self._readiness = Readiness()
+        self._ladder = Ladder(settings.shutdown_timeout_s, settings.kill_grace_s, self._readiness)
+        self._workers: Dict[int, _Worker] = {}  # by worker id: the live incarnations
+
+    def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+        spec = spec._replace(owner_tag=self._owner_tag(slot), segment_prefix=self._segment_prefix(slot))
+        process, conn = start_worker(self._context, spec)
+        assert process.pid is not None  # started
+        processes.reaper.watch_worker(process.pid)  # NOTE [ No orphans ]
+        slot.placement = Placement(slot.worker_id, process.pid, "localhost")
+        self._workers[slot.worker_id] = _Worker(process, conn)
+        self._readiness.watch(process.sentinel, (slot, slot.incarnation, _SENTINEL))
+        self._readiness.watch(conn, (slot, slot.incarnation, _PIPE))
+
+    def _owner_tag(self, slot: Slot) -> str:
+        """What the slot's current incarnation tags its descendants with (NOTE [ No orphans ])."""
+        return f"{self._owner}{slot.worker_id}.{slot.incarnation}/"
+
+    def _segment_prefix(self, slot: Slot) -> Optional[str]:
+        if self._segments is None:
+            return None
+        return wire.segment_prefix(self._segments, slot.worker_id, slot.incarnation)
+
+    def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
+        worker = self._workers.get(slot.worker_id)
+        if worker is not None:
+            _send(worker, data)
+
+    def release(self, slot: Slot, reason: Reason) -> None:
+        """Hand the slot's process to the shutdown ladder (CLOSE first, if it may still read
+        it); drop its shared memory."""
+        worker = self._workers.pop(slot.worker_id)
+        if reason is Reason.CLOSE:
+            close = EnvironmentRequest(EnvironmentCommand.CLOSE, slot.worker_id, slot.incarnation)
+            _send(worker, pack(close))
+        self._remove_segments(self._segment_prefix(slot))
+        self._readiness.forget(worker.process.sentinel)
+        if worker.conn is not None:
+            self._readiness.forget(worker.conn)
+        self._ladder.add(
+            slot.worker_id,
+            worker.process,
+            worker.conn,
+            slot.label,
+            self._owner_tag(slot),
+            slot.awaiting or slot.last_command,
+            reason,
+            on_closed=self._on_worker_timers,
+        )
+
+    def departing(self, worker_id: int) -> bool:
+        return worker_id in self._ladder
+
+    def next_deadline(self) -> Optional[float]:
+        return self._ladder.next_deadline()
+
+    def advance(self) -> None:
+        self._ladder.advance()
+
+    def close(self, interrupted: bool) -> None:
+        """The ladder, to the end (NOTE [ Shutdown ladder ]): within shutdown_timeout_s +
+        kill_grace_s (plus the moment SIGKILL takes), or at once when ``interrupted``. Then
+        whatever the workers left."""
+        if interrupted:
+            self._ladder.force()
+        self._ladder.run()
+        self._readiness.close()
+        self._kill_orphans()
+        self._remove_segments(self._segments)
+
+    @staticmethod
+    def _remove_segments(prefix: Optional[str]) -> None:
+        if prefix is not None:
+            wire.remove_segments(prefix)
+
+    def fileno(self) -> int:
+        """Readable while a worker has something to say or exited (for an event loop)."""
+        return self._readiness.fileno()
+
+    def outcome(self, worker_id: int) -> str:
+        return self._ladder.outcomes.get(worker_id, "was not running")
+
+    def _kill_orphans(self) -> None:
+        orphans = processes.find_tagged(self._owner)
+        if orphans:
+            logger.warning(
+                "Killing processes left behind by env workers: "
+                + ", ".join(f"pid {p.pid}" for p in orphans)
+            )
+            processes.kill_processes(orphans, self._kill_grace_s)
+
+    # ------------------------------------------------------------------------- events
+
+    def wait(self, timeout: float) -> List[Event]:
+        """The trainer sleeps on every worker's pipe *and* process sentinel at once
+        (readiness.py): a reply and a death both wake it at once, and nothing is polled.
+        Departing processes are in the same set; the ladder's ``advance`` handles them.
+        """
+        readable: Dict[int, Slot] = {}
+        exited: Dict[int, Slot] = {}
+        for _, data in self._readiness.wait(timeout):
+            if data is None:
+                continue  # the ladder's
+            slot, incarnation, kind = data
+            if slot.worker_id in self._workers and slot.incarnation == incarnation:
+                (exited if kind is _SENTINEL else readable)[slot.worker_id] = slot
+        events: List[Event] = []
+        for worker_id, slot in {**readable, **exited}.items():
+            events += self._service(slot, worker_id in readable, worker_id in exited)
+        return events
+
+    def _service(self, slot: Slot, readable: bool, exited: bool) -> List[Event]:
+        """What the worker sent; if its sentinel fired, everything, then its death.
+
+        A live worker gets one ``recv`` per wait: a second message makes the next wait return
+        at once, and not polling here saves a system call on every step. Reading stops at a
+        message that ends the worker (ENV_EXITED, STOPPED): the rest is the ladder's to drain.
+        """
+        worker = self._workers[slot.worker_id]
+        events: List[Event] = []
+        conn = worker.conn
+        try:
+            while conn is not None and (readable or conn.poll()):
+                response = unpack_response(conn.recv_bytes())
+                events.append(Reply(slot, slot.incarnation, response))
+                if response.cmd in _LAST_WORDS:
+                    return events
+                if not exited:
+                    return events
+                readable = False
+        except (EOFError, OSError):
+            # The worker's end is closed: it died or is about to. Stop watching the pipe (it
+            # would stay readable and spin the wait); the sentinel or the deadline decides.
+            assert conn is not None  # only reading it raises these
+            self._readiness.forget(conn)
+            conn.close()
+            self._workers[slot.worker_id] = worker._replace(conn=None)
+        if exited:
+            exitcode = worker.process.exitcode
+            error = WorkerDiedError(
+                f"{slot.label} {processes.describe_exit(exitcode)} "
+                f"(last command: {command_name(slot.last_command)}).",
+                slot.worker_id,
+                worker.process.pid,
+                exitcode,
+            )
+            events.append(Death(slot, slot.incarnation, error))
+        return events
+
+
+def _send(worker: _Worker, data: bytes) -> None:
+    """Never raises: a worker that is gone reports how through its sentinel or its deadline."""
+    if worker.conn is not None:
+        try:
+            worker.conn.send_bytes(data)
+        except (OSError, EOFError):
+            pass
+
+
+_SENTINEL, _PIPE = "sentinel", "pipe"  # what woke the trainer, in Readiness data
+_LAST_WORDS = (EnvironmentCommand.ENV_EXITED, EnvironmentCommand.STOPPED)
