@@ -9,16 +9,19 @@ mlagents-envs raises UnityCommunicatorStoppedException). Then Ctrl-C.
 
 It passes when: mlagents-learn exits 0 with the model saved; every fault is in the log with its
 cause (the restart naming that worker's pid, player pid or exception); the health stats in
-TensorBoard count them (deaths, hangs, restarts by cause); and nothing of the run is left
-(processes, shared memory). ``--upstream`` runs the same faults against ML-Agents' own manager
+TensorBoard count them (deaths, hangs, and restarts by each cause, each equal to what the faults
+injected should give); and nothing of the run is left (processes, shared memory, temporary
+files and directories). ``--upstream`` runs the same faults against ML-Agents' own manager
 (``env_manager: {enabled: false}``) and reports what happened instead. Bounded throughout: a
 run that stops making progress is killed, and says so.
 """
 import argparse
+import getpass
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +40,8 @@ MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
 TIMEOUT_WAIT_S = 10  # mlagents-envs' wait for a build (--timeout-wait)
 STEP_TIMEOUT_S = 12.0  # ours, a little longer: a stopped player is mlagents-envs' to report
 STALL_S = 60.0  # no training progress this long: the run is stuck
+# torch's compile cache, kept across runs on purpose (see leftovers), named as torch names it
+TORCH_CACHE = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
 
 
 class Fault(NamedTuple):
@@ -137,9 +142,18 @@ def stopped(process: psutil.Process) -> bool:
         return True
 
 
-def leftovers(trainer_pid: int, run_dir: Path) -> Dict[str, list]:
+def leftovers(trainer_pid: int, run_dir: Path, temp_dir: Path) -> Dict[str, list]:
+    """What the run left: its processes, its shared memory segments, and its temporary files.
+
+    The run's TMPDIR is ``temp_dir``, made for it alone, so whatever any process of the run
+    made through ``tempfile`` (multiprocessing's pymp-* directory of the fork server's socket,
+    anything ML-Agents, torch, gRPC or the players make) is in it, and nothing else is. One entry
+    is not the run's: torch's per-user compile cache (``torchinductor_<user>``), which importing
+    torch creates under TMPDIR and keeps on purpose, for every later run (``cache``). The
+    plugin's only temp dirs with a fixed place, Ray's /tmp/mlap-ray-<pid>-*, are looked for by
+    name (a local run makes none)."""
     sys.path.insert(0, str(REPO))
-    from mlagents_plugin.local import processes
+    from mlagents_plugin.local import processes, reaper
 
     procs = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
     for proc in psutil.process_iter():
@@ -149,7 +163,12 @@ def leftovers(trainer_pid: int, run_dir: Path) -> Dict[str, list]:
         except psutil.Error:
             pass
     segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
-    return {"processes": sorted(procs), "segments": segments}
+    ray_parent, ray_stem = os.path.split(f"{reaper.DIR_ROOT}{trainer_pid}-")
+    entries = sorted(os.listdir(temp_dir))
+    cache = [str(temp_dir / n) for n in entries if n == TORCH_CACHE]
+    temp = [str(temp_dir / n) for n in entries if n != TORCH_CACHE]
+    temp += sorted(os.path.join(ray_parent, n) for n in os.listdir(ray_parent) if n.startswith(ray_stem))
+    return {"processes": sorted(procs), "segments": segments, "temp": temp, "cache": cache}
 
 
 def health(run_dir: Path) -> Dict[str, float]:
@@ -178,6 +197,9 @@ def run(args: argparse.Namespace) -> Dict:
     )
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     base_port = free_port_block(args.num_envs + 16)
+    # The run's own TMPDIR (see leftovers). Short, under the system's: multiprocessing puts its
+    # AF_UNIX sockets in it, and their paths must stay under 108 bytes.
+    temp_dir = Path(tempfile.mkdtemp(prefix="chaos-tmp-"))
     command = [
         MLAGENTS_LEARN, str(work / "config.yaml"), f"--env={work / 'builds' / 'goal'}",
         f"--num-envs={args.num_envs}", f"--base-port={base_port}", "--run-id=chaos",
@@ -186,7 +208,8 @@ def run(args: argparse.Namespace) -> Dict:
         "--env-args", "--num-agents", "4",
     ]
     trainer = subprocess.Popen(
-        command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "TMPDIR": str(temp_dir)},
     )
     log = Log(trainer.stdout)
     faults: List[Fault] = []
@@ -226,7 +249,12 @@ def run(args: argparse.Namespace) -> Dict:
             faults.append(fault)
             pending[worker_id] = fault
             print(f"{fault.at - started:6.1f} s  {kind} -> worker {worker_id} (pid {process.pid})", flush=True)
-        settle = time.monotonic() + 2 * STEP_TIMEOUT_S  # the last faults are noticed and restarted
+        # The last faults are noticed and restarted. The longest to notice is a worker stopped
+        # while it builds its env (a fault can land on a slot being restarted): the manager's
+        # start-up deadline, derived from --timeout-wait, ends it.
+        from mlagents_plugin.core.settings import STARTUP_MARGIN_S
+
+        settle = time.monotonic() + max(2 * STEP_TIMEOUT_S, TIMEOUT_WAIT_S + STARTUP_MARGIN_S + 5.0)
         while pending and time.monotonic() < settle and trainer.poll() is None:
             for worker_id, fault in list(pending.items()):
                 if any(restarts(line, worker_id) for line in log.after(fault.at)):
@@ -263,23 +291,32 @@ def run(args: argparse.Namespace) -> Dict:
     expected = {cause: sum(f.cause == cause for f in faults) for cause in ("died", "hung", "unity")}
     report["expected_restarts"] = expected
     report["tensorboard"] = health(run_dir) if run_dir.is_dir() else {}
-    report["leftovers"] = leftovers(trainer.pid, work)
+    report["leftovers"] = leftovers(trainer.pid, work, temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
     steps = re.findall(r"Step: (\d+)\.", text)
     rewards = re.findall(r"Mean Reward: (-?\d+\.\d+)", text)
     report["agent_steps"] = int(steps[-1]) if steps else 0
     report["final_mean_reward"] = float(rewards[-1]) if rewards else None
     board = report["tensorboard"]
     counted = {cause: board.get(f"Restarts/{cause}", 0) for cause in ("died", "hung", "unity")}
+    report["restarts_counted"] = counted
+    # Each cause is compared on its own: every fault has exactly one cause (KINDS). A stopped
+    # worker can say nothing, so only the trainer's step_timeout_s ends it: hung. A stopped
+    # player is mlagents-envs' to report: its wait (--timeout-wait, TIMEOUT_WAIT_S) starts after
+    # our step clock and ends STEP_TIMEOUT_S - TIMEOUT_WAIT_S seconds before it, and the manager
+    # handles the worker's reply before it checks deadlines: unity. Were one ever counted under
+    # the other cause, its restart line would not match ``expect`` either (unexplained).
     report["passed"] = bool(
         not args.upstream
         and report["exit_code"] == 0
         and report["model_saved"]
         and not unexplained
-        and counted["died"] == expected["died"] == board.get("Deaths", 0)
-        and counted["hung"] + counted["unity"] == expected["hung"] + expected["unity"]
-        and counted["hung"] == board.get("Hangs", 0)
+        and counted == expected
+        and board.get("Deaths", 0) == expected["died"]
+        and board.get("Hangs", 0) == expected["hung"]
         and not report["leftovers"]["processes"]
         and not report["leftovers"]["segments"]
+        and not report["leftovers"]["temp"]
         and not any(k in report for k in ("ended_early", "stalled", "hung_at_exit"))
     )
     (work / "output.txt").write_text(text)

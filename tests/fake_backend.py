@@ -153,6 +153,9 @@ class FakeBackend(Backend):
         self.deliveries: List[Tuple[int, EnvironmentCommand, float]] = []  # (worker id, command, when)
         self.outcomes: Dict[int, str] = {}
         self.closed = False
+        # Raised by release() or close() when set: a backend that fails while closing.
+        self.release_error: Optional[Exception] = None
+        self.close_error: Optional[Exception] = None
         self._due: List[Tuple[float, int, Event]] = []  # heap of (time, order, event)
         self._order = itertools.count()
 
@@ -189,6 +192,8 @@ class FakeBackend(Backend):
         return events
 
     def release(self, slot: Slot, reason: Reason) -> None:
+        if self.release_error is not None:
+            raise self.release_error
         worker = self.workers.pop(slot.worker_id)
         self.released.append((slot.worker_id, worker.spec.incarnation, reason))
         self.released_at.append(self.clock.now)
@@ -203,6 +208,8 @@ class FakeBackend(Backend):
         return min(pending, default=None)
 
     def close(self, interrupted: bool) -> None:
+        if self.close_error is not None:
+            raise self.close_error
         self.closed = True
 
     def outcome(self, worker_id: int) -> str:

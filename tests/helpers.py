@@ -112,3 +112,18 @@ def alive_after(pids, grace_s: float):
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def reaper_of(supervisor_pid: int) -> psutil.Process:
+    """The reaper a supervising process started (local/reaper.py, NOTE [ No orphans ]): not
+    its child, so found by its command line."""
+    from mlagents_plugin.local import reaper
+
+    for proc in psutil.process_iter():
+        try:
+            command = proc.cmdline()
+        except psutil.Error:
+            continue
+        if command[3:5] == [reaper.__file__, str(supervisor_pid)] and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    pytest.fail(f"process {supervisor_pid} has no reaper")

@@ -2,6 +2,7 @@
 (tests/fake_backend.py). Deadlines, restart quotas and backoff, port moves, a failed worker's
 steps, resets during restarts, stale replies, close, and random fault schedules; the slots'
 invariants are checked after every pump (MLAGENTS_PLUGIN_CHECK, set by conftest.py)."""
+import logging
 import os
 from typing import List
 
@@ -287,6 +288,52 @@ def test_a_second_interrupt_releases_every_worker_at_once(harness, monkeypatch):
     monkeypatch.setattr(signals, "_interrupts", 2)
     h.manager.close()
     assert sorted(h.backend.released) == [(0, 0, Reason.INTERRUPTED), (1, 0, Reason.INTERRUPTED)]
+
+
+def close_summaries(caplog):
+    """The close summary line of each worker, by worker id."""
+    return {
+        int(r.getMessage().split(":")[0].split()[-1]): r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith("Env worker ")
+    }
+
+
+@pytest.mark.parametrize("failing, error, words", [
+    ("release", OSError("injected: the worker's pipe is gone"), "Releasing env worker"),
+    # as shutdown_timeout_s=inf once did
+    ("close", OverflowError("injected: timeout value is too large"), "Closing the env workers of this"),
+])
+def test_an_error_while_closing_is_logged_and_close_returns(harness, caplog, failing, error, words):
+    """mlagents-learn writes its run logs (timers.json, training_status.json) after close():
+    nothing that fails inside close() may stop that, nor stop the other workers' release."""
+    h = harness(n_env=2)
+    h.manager.reset()
+    setattr(h.backend, f"{failing}_error", error)
+    with caplog.at_level(logging.INFO):
+        h.manager.close()  # returns: it does not raise
+    logged = [r for r in caplog.records if words in r.getMessage()]
+    assert len(logged) == (2 if failing == "release" else 1)  # a failed release: each worker's
+    assert all(r.levelno == logging.ERROR and r.exc_info[1] is error for r in logged)  # with its traceback
+    assert h.backend.closed == (failing == "release")  # the backend is closed after failed releases
+    assert sorted(close_summaries(caplog)) == [0, 1]  # every worker's summary is still said
+    with pytest.raises(ManagerClosedError):
+        h.manager.get_steps()
+    h.manager.close()  # and closing again does nothing
+
+
+def test_the_close_summary_gives_a_latency_only_for_a_worker_that_stepped(harness, caplog):
+    """A worker that never stepped once printed "mean step latency nan ms"."""
+    h = harness(behave(w1=Behavior(fault=("hang", 1))), step_timeout_s=600.0)
+    h.manager.reset()
+    for _ in range(5):  # worker 1 hangs in its first step: every step comes from worker 0
+        assert [s.worker_id for s in h.manager.get_steps()] == [0]
+    with caplog.at_level(logging.INFO):
+        h.manager.close()
+    summaries = close_summaries(caplog)
+    assert summaries[0].startswith("Env worker 0: 5 steps, mean step latency 5.00 ms, restarts: none;")
+    assert summaries[1].startswith("Env worker 1: 0 steps, restarts: none;")
+    assert not any("nan" in line for line in summaries.values()), summaries
 
 
 def test_a_manager_whose_workers_all_failed_says_so(harness):

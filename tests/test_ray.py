@@ -172,9 +172,9 @@ def _players_on(port: int):
 
 
 @pytest.mark.timeout(240)
-def test_a_hung_build_dies_with_the_actor_its_timeout_kills(ray_manager, tmp_path):
-    """The hung player cannot exit by itself, and its worker dies with the actor: the actor's
-    reaper takes the player down (NOTE [ No orphans ])."""
+def test_a_hung_build_is_taken_down_by_its_actors_ladder(ray_manager, tmp_path):
+    """The hung player cannot exit by itself: after step_timeout_s the actor's shutdown ladder
+    kills its worker, and the player goes with it (NOTE [ Players die with their worker ])."""
     make_build(str(tmp_path), "goal")
     run_options = RunOptions()
     base = run_options.env_settings.base_port = free_port_block(6)
@@ -190,7 +190,7 @@ def test_a_hung_build_dies_with_the_actor_its_timeout_kills(ray_manager, tmp_pat
     while manager.restart_counts.get("hung") != 1:
         assert time.monotonic() < deadline, "the hang was never noticed"
         manager.get_steps()
-    assert not alive_after([hung_player], 10.0), "the hung player outlived its actor"
+    assert not alive_after([hung_player], 10.0), "the hung player outlived its worker"
     for _ in range(20):  # the restarted worker's new player steps
         manager.get_steps()
 

@@ -8,14 +8,20 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
 import pytest
+from helpers import alive_after, free_port_block, reaper_of
 from mlagents.trainers.exception import TrainerConfigError
 
+from mlagents_plugin.core import wire
 from mlagents_plugin.core.errors import RemoteTraceback, WorkerDiedError
 from mlagents_plugin.core.settings import parse_section
+from mlagents_plugin.local import die_with_parent, processes
+from mlagents_plugin.local.player_watch import with_parent_death_signal
+from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import (
     HangingEnvironment,
     SimpleEnvironment,
@@ -159,6 +165,172 @@ def test_a_worker_spinning_in_c_dies_with_its_sigkilled_trainer(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+# ------------------------------------------------ what a killed worker or trainer leaves
+
+
+PLAYER_TRAINER_SCRIPT = textwrap.dedent("""
+    import sys
+    from mlagents.trainers.settings import RunOptions
+    from mlagents_envs.environment import UnityEnvironment
+    from mlagents_plugin import SupervisedEnvManager
+
+    def factory(worker_id, side_channels):
+        return UnityEnvironment(
+            sys.argv[1], worker_id=worker_id, base_port=int(sys.argv[2]), no_graphics=True,
+            side_channels=side_channels, log_folder=sys.argv[3], timeout_wait=60,
+            additional_args=["--survive-trainer"],  # it does not quit by itself when its link breaks
+        )
+
+    if __name__ == "__main__":
+        manager = SupervisedEnvManager(factory, RunOptions(), 1)
+        manager.reset()
+        print(*manager.worker_pids.values(), flush=True)
+        sys.stdin.read()  # idle: the manager notices nothing until it is told to close
+        manager.close()
+""")
+
+
+def kill_what_is_left(trainer: subprocess.Popen, pids=()) -> None:
+    """After a test that killed a trainer's reaper: what nobody else will clean up."""
+    if trainer.poll() is None:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    processes.kill_processes(processes.find_tagged(processes.owner_prefix(trainer.pid)), 0.5)
+    wire.remove_segments(f"{wire.SEGMENT_PREFIX}{trainer.pid}_", ours=False)
+
+
+@pytest.mark.timeout(90)
+def test_the_player_of_a_sigkilled_worker_is_killed_by_the_kernel(tmp_path):
+    """NOTE [ Players die with their worker ]: the player mlagents-envs launched dies in the
+    instant its worker does, with nothing of ours left to act. The trainer is idle (it reads
+    nothing from the worker, so its ladder never runs), its reaper is SIGKILLed first (else it
+    would kill the player when the trainer dies, and the trainer is still alive here anyway),
+    and the player runs with --survive-trainer (no launcher watch; a broken link does not end
+    it): only the kernel's parent-death signal can end the player."""
+    make_build(str(tmp_path / "builds"), "goal")
+    script = tmp_path / "trainer.py"
+    script.write_text(PLAYER_TRAINER_SCRIPT)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "builds" / "goal"), str(free_port_block(1)), str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    player = None
+    try:
+        worker = int(trainer.stdout.readline())
+        [player] = [c for c in psutil.Process(worker).children() if "mlagents_plugin.player" in " ".join(c.cmdline())]
+        reaper = reaper_of(trainer.pid)
+        reaper.kill()
+        reaper.wait(5)
+        os.kill(worker, signal.SIGKILL)
+        assert not alive_after([player.pid], 2.0), "the player outlived its SIGKILLed worker"
+        assert alive(trainer.pid)  # the trainer did not do it: it is still there, idle
+        trainer.stdin.close()  # now close, with the worker and its player gone
+        assert trainer.wait(timeout=30) == 0
+    finally:
+        kill_what_is_left(trainer, [player.pid] if player is not None else [])
+
+
+def test_only_a_player_launched_from_the_main_thread_gets_a_parent_death_signal(tmp_path):
+    """The signal fires when the thread that started the player ends (NOTE [ Players die with
+    their worker ]): from another thread, which may end any time, the player starts as before.
+    So does what mlagents-envs' own Popen must look up or refuse."""
+    build = str(make_build(str(tmp_path), "goal"))
+    assert with_parent_death_signal([build, "--mlagents-port", "5005"]) == [
+        sys.executable, "-I", "-S", die_with_parent.__file__, str(os.getpid()), build, "--mlagents-port", "5005",
+    ]
+    from_a_thread = []
+    thread = threading.Thread(target=lambda: from_a_thread.append(with_parent_death_signal([build])))
+    thread.start()
+    thread.join()
+    assert from_a_thread == [[build]]
+    assert with_parent_death_signal(["goal.x86_64"]) == ["goal.x86_64"]  # for Popen to find in PATH
+    missing = str(tmp_path / "missing.x86_64")
+    assert with_parent_death_signal([missing]) == [missing]  # for Popen to refuse in its own words
+
+
+@pytest.mark.timeout(30)
+def test_the_wrapper_starts_nothing_if_its_launcher_died_before_the_signal_was_set():
+    """die_with_parent.py finds another parent than the launcher it was told of (as after the
+    launcher's death, when it is re-parented): no signal would come, so it starts nothing."""
+    wrapper = [sys.executable, "-I", "-S", die_with_parent.__file__]
+    ran = subprocess.run([*wrapper, str(os.getpid()), "/bin/echo", "started"], capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout) == (0, "started\n")
+    orphan = subprocess.run([*wrapper, "1", "/bin/echo", "started"], capture_output=True, text=True)
+    assert (orphan.returncode, orphan.stdout) == (1, "")
+
+
+SWEEP_TRAINER_SCRIPT = textwrap.dedent("""
+    import sys
+    from mlagents.trainers.settings import RunOptions
+    from mlagents_plugin import SupervisedEnvManager
+    from mlagents_plugin.testing import PlayerLaunchingEnvironment, SimpleEnvironment, make_factory
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "leave":  # players the env starts itself, and 80 KB observations
+            factory = make_factory(PlayerLaunchingEnvironment, player_pid_dir=sys.argv[2], vector_size=20000)
+            manager = SupervisedEnvManager(factory, RunOptions(), 2)
+            manager.reset()  # each worker's reply went through its shared memory segment
+            print("READY", flush=True)
+            sys.stdin.read()  # until it is killed
+        else:  # the next run: a new manager
+            manager = SupervisedEnvManager(make_factory(SimpleEnvironment), RunOptions(), 1)
+            manager.reset()
+            manager.close()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_next_run_sweeps_what_a_killed_trainer_and_its_killed_reaper_left(tmp_path):
+    """NOTE [ No orphans ], 4.: the sweep. A trainer's reaper is a process of its own session,
+    waiting on a pidfd of the trainer: killing the trainer's process group does not reach it,
+    and it cleans up in the instant the trainer dies. So the only way to leave something behind
+    is to SIGKILL the reaper first (as `kill -9` of everything, or the OOM killer, could), then
+    the trainer's whole group (trainer, fork server, workers, resource tracker). Players that
+    mlagents-envs launched would still die with their workers (NOTE [ Players die with their
+    worker ]); what is left is what the sweep is for: players the env started itself, in
+    sessions of their own and tagged with the dead trainer's pid, and the workers' shared
+    memory segments. The next run's first manager starts a reaper, which sweeps them."""
+    script = tmp_path / "trainer.py"
+    script.write_text(SWEEP_TRAINER_SCRIPT)
+    pid_dir = tmp_path / "players"
+    pid_dir.mkdir()
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), "leave", str(pid_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    owner, segment_prefix = processes.owner_prefix(trainer.pid), f"{wire.SEGMENT_PREFIX}{trainer.pid}_"
+
+    def segments():
+        return [n for n in os.listdir("/dev/shm") if n.startswith(segment_prefix)]
+
+    players = []
+    try:
+        assert trainer.stdout.readline().strip() == "READY"
+        players = sorted(int(p.name) for p in pid_dir.iterdir())
+        assert len(players) == 2 and sorted(p.pid for p in processes.find_tagged(owner)) == players
+        assert len(segments()) == 2, segments()
+        reaper = reaper_of(trainer.pid)
+        reaper.kill()
+        reaper.wait(5)
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+        # Left behind. Checked at once: on a machine running other tests, any reaper that starts
+        # sweeps them too (as this test's own next run is about to).
+        assert [pid for pid in players if alive(pid)] == players and len(segments()) == 2
+
+        subprocess.run([sys.executable, str(script), "start"], check=True, timeout=60, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10  # the new reaper sweeps as it starts, on its own
+        while processes.find_tagged(owner) or segments():
+            assert time.monotonic() < deadline, (processes.find_tagged(owner), segments())
+            time.sleep(0.1)
+        assert not alive_after(players, 0.0)
+    finally:
+        kill_what_is_left(trainer, players)
+
+
 # ------------------------------------------------------------------ what close says
 
 
@@ -193,6 +365,12 @@ def test_a_worker_still_building_its_env_is_stopped_at_once_on_close(env_manager
     assert time.monotonic() - started < 5
     assert "Zombie worker report" not in caplog.text
     assert "is still building its env; stopping it with SIGTERM" in caplog.text
+    # neither stepped: no mean latency ("nan ms", as once printed) in their close summaries
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Env worker ")]
+    assert sorted(line[: len("Env worker 0: 0 steps, restarts")] for line in summaries) == [
+        "Env worker 0: 0 steps, restarts", "Env worker 1: 0 steps, restarts",
+    ], summaries
+    assert not any("nan" in line or "latency" in line for line in summaries), summaries
 
 
 @pytest.mark.timeout(60)

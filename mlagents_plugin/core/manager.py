@@ -206,7 +206,10 @@ class SupervisedManagerBase(EnvManager):
                     else:
                         reason = Reason.CLOSE
                     slot.sent(EnvironmentCommand.CLOSE)
-                    self._backend.release(slot, reason)
+                    try:
+                        self._backend.release(slot, reason)
+                    except Exception:  # the others are still to be released, and the backend closed
+                        logger.exception(f"Releasing {slot.label} failed.")
                 slot.close()
             self._backend.close(interrupted)
         except KeyboardInterrupt:

@@ -14,20 +14,46 @@
 # at once and is restarted. Outside those calls nothing is raised asynchronously (an exception
 # in the middle of sending a reply would corrupt the pipe): the next call finds the player dead
 # and raises then. ``disarm`` (before ``env.close()``, when the player exits on purpose) stops it.
+
+# NOTE [ Players die with their worker ]
+# However a worker ends (SIGKILL, the OOM killer, a crash, a SIGKILL of the whole process
+# group), the kernel kills its Unity players in the same instant: each player mlagents-envs
+# launches in a worker runs with PR_SET_PDEATHSIG=SIGKILL. ``hook_launches`` gives
+# mlagents-envs' ``launch_executable`` a ``subprocess`` whose Popen starts the player through
+# die_with_parent.py, which sets the signal and execs the player in its place (same pid, same
+# session). The signal survives that exec (not the exec of a set-uid program), needs no Python
+# of ours to run in the worker or the player, and so also holds for a worker stuck in C code
+# that holds the GIL. Why not a ``preexec_fn``: it makes Python fork (not vfork) and run code in
+# the child, and the worker runs a gRPC server with its threads at that moment: 1 in 300 such
+# children aborted (SIGABRT) in gRPC's fork handlers. The wrapper costs a Python start-up
+# (tens of milliseconds) per player launch, against seconds for a build to start.
+# Conditions, each checked:
+# - The signal fires when the *thread* that started the player ends, not the process. Workers
+#   build their env on their main thread (worker.py, ``_Worker.run``), which lives exactly as
+#   long as the worker. A player launched from any other thread (an env factory that starts its
+#   build from a thread of its own, which may end at any time) is launched as before, without.
+# - The worker may die between the start of the wrapper and its prctl: the wrapper then finds
+#   another parent than the worker, and exits without starting the player.
+# - Linux only; and only a program mlagents-envs can run (else its own error is raised as before).
+# The reaper and the sweep (NOTE [ No orphans ] in processes.py) stay the second line: they
+# also take down processes a player starts itself, and players an env launches other than
+# through mlagents-envs, which no parent-death signal covers.
 """
 import contextlib
 import os
 import select
 import signal
 import subprocess
+import sys
 import threading
+import types
 from typing import Any, Callable, Iterator, List, Optional, Set
 
 import psutil
 from mlagents_envs import env_utils
 from mlagents_envs.exception import UnityEnvironmentException
 
-from mlagents_plugin.local import processes
+from mlagents_plugin.local import die_with_parent, processes
 
 LOG_TAIL_LINES = 10
 
@@ -98,8 +124,13 @@ class PlayerWatch:
 
 def hook_launches(on_launch: Callable[["subprocess.Popen[bytes]", List[str]], None]) -> None:
     """Call ``on_launch(process, args)`` for every player mlagents-envs launches in this
-    process. ``UnityEnvironment`` calls the module attribute ``env_utils.launch_executable``;
-    ``integration.compat.INTERNALS`` lists it, so that the doctor checks it is still there."""
+    process, and have the kernel kill each of them when this process dies (NOTE [ Players die
+    with their worker ]). ``UnityEnvironment`` calls the module attribute
+    ``env_utils.launch_executable``, which calls ``subprocess.Popen`` through its module's
+    global ``subprocess``; ``integration.compat.INTERNALS`` lists both, so that the doctor checks
+    they are still there. Only worker processes call this."""
+    if not isinstance(getattr(env_utils, "subprocess", None), _PlayerSubprocess):
+        env_utils.subprocess = _PlayerSubprocess()
     original = env_utils.launch_executable
 
     def launch_executable(file_name: str, args: List[str]) -> "subprocess.Popen[bytes]":
@@ -108,6 +139,40 @@ def hook_launches(on_launch: Callable[["subprocess.Popen[bytes]", List[str]], No
         return process
 
     env_utils.launch_executable = launch_executable
+
+
+class _PlayerSubprocess(types.ModuleType):
+    """``subprocess`` as mlagents-envs' env_utils sees it in a worker: its Popen starts each
+    player with a parent-death signal (NOTE [ Players die with their worker ])."""
+
+    def __init__(self) -> None:
+        super().__init__("subprocess")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(args: Any, *rest: Any, **kwargs: Any) -> "subprocess.Popen[Any]":  # noqa: N802 (subprocess's name)
+        if not (kwargs.get("shell") or kwargs.get("executable")):
+            args = with_parent_death_signal(args)
+        return subprocess.Popen(args, *rest, **kwargs)
+
+
+def with_parent_death_signal(command: Any) -> Any:
+    """Popen's ``command``, to be run so that it gets SIGKILL when the calling thread ends, if
+    that is this process's main thread, the system is Linux and the program can be run; else
+    as it is (NOTE [ Players die with their worker ])."""
+    if (
+        not isinstance(command, (list, tuple))
+        or not command
+        or not sys.platform.startswith("linux")
+        or not sys.executable
+        or threading.current_thread() is not threading.main_thread()
+        or os.sep not in str(command[0])  # a name for Popen to look up in PATH: left to it
+        or not os.access(command[0], os.X_OK)  # mlagents-envs' own Popen says why it cannot run
+    ):
+        return command
+    return [sys.executable, "-I", "-S", die_with_parent.__file__, str(os.getpid()), *command]
 
 
 def _log_tail(log_file: Optional[str]) -> str:

@@ -32,11 +32,16 @@
 #    behind (tagged processes, segments, Ray temp dirs): the second line, for a reaper that was
 #    itself killed.
 #
+# The first line, before all four, is the kernel's: each player mlagents-envs launches in a
+# worker gets a parent-death signal (PR_SET_PDEATHSIG=SIGKILL), so it dies in the instant its
+# worker does, however the worker ends (NOTE [ Players die with their worker ] in
+# player_watch.py). It does not cover the player's own children, players an env launches by
+# other means, or the workers themselves, which is why 1 to 4 stay.
+#
 # A Linux child subreaper (prctl PR_SET_CHILD_SUBREAPER) was the alternative to 1: it would
 # re-parent orphans to the trainer, but it cannot help when the trainer itself dies. A parent-
-# death signal (PR_SET_PDEATHSIG) on each worker would kill a worker stuck in C code, but not
-# what that worker started: a player, in its own session, would only die with a second one set
-# by a wrapper around mlagents-envs' launch, and its own children not at all.
+# death signal on each worker would kill a worker stuck in C code, but under forkserver a
+# worker's parent is the fork server, not the trainer, and the reaper (3) already does it.
 """
 import os
 import select
