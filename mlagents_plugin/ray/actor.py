@@ -108,8 +108,8 @@ class EnvHostActor:
 
     def exchange(self, items: List[Item], wait_s: float) -> HostReport:
         """Carry out ``items`` in order, then wait up to ``wait_s`` for the replies they ask
-        from envs that are ready (envs still starting answer in a later call), or, if they ask
-        none, for anything to report."""
+        from envs that are ready (envs still starting answer in a later call); without items
+        (a poll), for anything to report."""
         with self._lock:
             return self._exchange(items, wait_s)
 
@@ -133,6 +133,8 @@ class EnvHostActor:
 
     def _exchange(self, items: List[Item], wait_s: float) -> HostReport:
         awaited = self._apply(items)
+        if items and not awaited:
+            wait_s = 0.0  # nothing to wait for (messages without replies, envs still starting)
         departing = self._departing()
         deadline = time.monotonic() + wait_s
         answered: Set[int] = set()

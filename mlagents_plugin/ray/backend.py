@@ -10,7 +10,7 @@ shutdown ladder. docs/ray.md says how to run it on a cluster and what fails how.
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set
 
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
@@ -57,18 +57,21 @@ class RayEnvManager(SupervisedManagerBase):
 # Every env is still a slot of its own to the manager (its own worker id, incarnation, state,
 # deadlines, restarts and health stats), so agent ids, trajectories and stats are as with k = 1.
 # What k changes is the transport: the trainer's messages to one host's envs between two waits
-# travel in one actor call (``exchange``), and the call answers for all of them at once, so
-# the trainer's cost of a Ray round trip (about 1-2 ms of CPU) is paid per call, not per env.
-# A host has at most one call in flight: Ray runs an actor's calls one at a time anyway, and
-# one call at a time keeps each env's replies in order without sequence numbers. A call returns
-# once the envs it asked (that are ready) answered, or after CALL_WAIT_S, with whatever the
-# host's envs said meanwhile; an env still starting, or slow, answers in a later call. Hosts
-# are independent: each host's call returns on its own, and its envs get their next actions
-# as soon as the trainer has them (no env waits for another host's slowest env). While a host
-# has nothing to send but still owes replies (a starting or hung env) or has envs on their way
-# out, the trainer polls it every POLL_WAIT_S. A hung env is killed by its actor's shutdown
-# ladder and its neighbours go on; a dead actor (ray.kill, a lost node) is a death of all its
-# envs, and the first of them to restart starts a new actor for the host.
+# travel in one actor call (``exchange``), and the call answers for all of them at once, so the
+# trainer's cost of a Ray round trip (about 1-2 ms of CPU) is paid per call, not per env. A host
+# has at most one exchange in flight: Ray runs an actor's calls one at a time anyway, and one at a
+# time keeps each env's replies in order. (A release is sent at once, in a call that returns
+# nothing, so that a hung env goes down even while the trainer is busy elsewhere; Ray runs it
+# after the calls sent before it, and the env counts as departing until an exchange sent after it
+# reports on it.) An exchange returns once the envs it asked (that are ready) answered (at once if
+# it asked none), or after CALL_WAIT_S, with whatever the host's envs said meanwhile; an env still
+# starting, or slow, answers in a later call. Hosts are independent: each host's call returns on
+# its own, and its envs get their next actions as soon as the trainer has them (no env waits for
+# another host's slowest env). While a host has nothing to send but still owes replies (a starting
+# or hung env) or has envs on their way out, the trainer polls it every POLL_WAIT_S. A hung env is
+# killed by its actor's shutdown ladder and its neighbours go on; a dead actor (ray.kill, a lost
+# node) is a death of all its envs, and the first of them to restart starts a new actor for the
+# host.
 CALL_WAIT_S = 1.0
 POLL_WAIT_S = 0.1
 
@@ -82,9 +85,10 @@ class _Host:
         self.answered = False  # has the actor answered any call (it is placed)?
         self.slots: Dict[int, Slot] = {}  # by worker id: the live incarnations on this actor
         self.outbox: List[Item] = []
-        self.call: Any = None  # the call in flight
+        self.call: Any = None  # the exchange in flight
+        self.exchanges = 0  # exchanges sent so far; the one in flight is number exchanges - 1
         self.departing: Set[int] = set()
-        self.where: Optional[Tuple[str, str, int]] = None
+        self.unreported: Dict[int, int] = {}  # worker id -> first exchange that reports its release
         self.deaths: List[Event] = []  # to report at the next wait (an actor killed here)
         self.applying: List[Any] = []  # calls that return nothing, read so Ray does not report
         # their errors as unhandled (a dead actor is reported by the exchange calls)
@@ -98,6 +102,16 @@ class _Host:
                 ray.get(ref)
             except RayError:
                 pass
+
+    def send(self, items: List[Item], wait_s: float) -> None:
+        self.call = self.actor.exchange.remote(items, wait_s)
+        self.exchanges += 1
+
+    def drop_calls(self) -> None:
+        """Forget the actor's calls; what they fail with is read later (see ``read_applied``)."""
+        if self.call is not None:
+            self.applying.append(self.call)
+        self.call = None
 
     def owes_replies(self) -> bool:
         return any(s.state is WorkerState.STARTING or s.awaiting is not None for s in self.slots.values())
@@ -138,8 +152,7 @@ class RayBackend(Backend):
     def launch(self, slot: Slot, spec: WorkerSpec) -> None:
         host = self._host(slot.worker_id)
         if host.actor is None:
-            n_env = min(self._k, len(self._hosts) * self._k)
-            host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, n_env)
+            host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
             host.answered = False
         host.slots[slot.worker_id] = slot
         host.outbox.append(Launch(spec))
@@ -171,6 +184,7 @@ class RayBackend(Backend):
         items, host.outbox = host.outbox + [Release(slot.worker_id, slot.incarnation, reason, last_command)], []
         host.applying.append(host.actor.apply.remote(items))
         host.departing.add(slot.worker_id)
+        host.unreported[slot.worker_id] = host.exchanges
 
     def departing(self, worker_id: int) -> bool:
         return worker_id in self._host(worker_id).departing
@@ -183,7 +197,8 @@ class RayBackend(Backend):
             error = WorkerDiedError(f"{slot.label}: {why}.", slot.worker_id, slot.pid)
             host.deaths.append(Death(slot, slot.incarnation, error))
             self._outcomes[slot.worker_id] = "was killed with its Ray actor"
-        host.actor, host.call, host.slots, host.outbox, host.departing = None, None, {}, [], set()
+        host.drop_calls()
+        host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
 
     def close(self, interrupted: bool) -> None:
         """Every actor takes its workers down with its own ladder, bounded by shutdown_timeout_s
@@ -204,8 +219,9 @@ class RayBackend(Backend):
                 if not host.answered or interrupted:
                     self._kill_host(host, "closed")
                     continue
+                host.drop_calls()
                 if host.outbox:
-                    host.actor.exchange.remote(host.outbox, 0.0)
+                    host.applying.append(host.actor.apply.remote(host.outbox))
                 closing[host.actor.close.remote(interrupted)] = host
             deadline = self._clock() + self._settings.shutdown_timeout_s + self._settings.kill_grace_s
             deadline += CLOSE_SLACK_S + CALL_WAIT_S
@@ -255,10 +271,10 @@ class RayBackend(Backend):
             if host.actor is None or host.call is not None:
                 continue
             if host.outbox:
-                host.call = host.actor.exchange.remote(host.outbox, CALL_WAIT_S)
+                host.send(host.outbox, CALL_WAIT_S)
                 host.outbox = []
             elif host.departing or host.owes_replies():
-                host.call = host.actor.exchange.remote([], POLL_WAIT_S)
+                host.send([], POLL_WAIT_S)
         if events:
             return events
         calls = {host.call: host for host in self._hosts if host.call is not None}
@@ -289,10 +305,10 @@ class RayBackend(Backend):
                 events.append(Death(slot, slot.incarnation, error))
             for worker_id in host.departing:
                 self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
-            host.actor, host.slots, host.outbox, host.departing = None, {}, [], set()
+            host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
             return events
         host.answered = True
-        self._absorb(host, report)
+        self._absorb(host, report, host.exchanges - 1)
         events = []
         for event in report.events:
             owner = host.slots.get(event.worker_id)
@@ -305,16 +321,18 @@ class RayBackend(Backend):
                 events.append(Death(owner, event.incarnation, event.error))
         return events
 
-    def _absorb(self, host: _Host, report: HostReport) -> None:
-        """Where the host's workers run, which are still departing, and their timers."""
-        host.where = report.where
+    def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int] = None) -> None:
+        """Where the host's workers run, which are still departing, and their timers;
+        ``exchange``: the number of the exchange that reported (None: the actor's close)."""
         node_id, address, actor_pid = report.where
         for (worker_id, incarnation), pid in report.pids.items():
             slot = host.slots.get(worker_id)
             if slot is not None and slot.incarnation == incarnation:
                 slot.placement = Placement(worker_id, pid, address, node_id, actor_pid)
-        releasing = {item.worker_id for item in host.outbox if isinstance(item, Release)}
-        host.departing = set(report.departing) | releasing
+        host.unreported = {
+            w: first for w, first in host.unreported.items() if exchange is not None and exchange < first
+        }
+        host.departing = set(report.departing) | set(host.unreported)
         self._outcomes.update(report.outcomes)
         for timers in report.timers:
             merge_worker_timers(timers)
