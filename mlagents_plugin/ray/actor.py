@@ -24,6 +24,11 @@ from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentRespons
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.backend import ProcessBackend
 
+logger = logging_util.get_logger(__name__)
+
+# What a worker says last before it exits by itself.
+LAST_WORDS = (EnvironmentCommand.ENV_EXITED, EnvironmentCommand.STOPPED)
+
 # How often a departing worker's ladder is advanced between calls (it needs no call to finish).
 HOUSEKEEPING_S = 0.05
 
@@ -122,13 +127,26 @@ class EnvHostActor:
         """Carry out ``items``; return the envs asked for a reply that are ready to give it."""
         awaited = set()
         for item in items:
-            if isinstance(item, Launch):
-                self._launch(item.spec)
-            elif isinstance(item, Deliver):
-                if self._deliver(item) and item.worker_id in self._ready:
-                    awaited.add(item.worker_id)
-            else:
-                self._release(item)
+            try:
+                if isinstance(item, Launch):
+                    self._launch(item.spec)
+                elif isinstance(item, Deliver):
+                    if self._deliver(item) and item.worker_id in self._ready:
+                        awaited.add(item.worker_id)
+                else:
+                    self._release(item)
+            except Exception as e:  # no fork server, no file descriptors left: the env's, not the rest's
+                if not isinstance(item, Launch):
+                    logger.exception(f"{type(item).__name__} of env worker {item.worker_id} failed.")
+                    continue
+                spec = item.spec
+                error = WorkerDiedError(
+                    f"env worker {spec.worker_id} could not be started in its Ray actor (pid "
+                    f"{os.getpid()}): {type(e).__name__}: {e}",
+                    spec.worker_id,
+                    None,
+                )
+                self._events.append(EnvEvent(spec.worker_id, spec.incarnation, None, error))
         return awaited
 
     def _exchange(self, items: List[Item], wait_s: float) -> HostReport:
@@ -231,10 +249,20 @@ class EnvHostActor:
                     slot.awaiting = None
                     answered.add(slot.worker_id)
                 self._events.append(EnvEvent(slot.worker_id, event.incarnation, response, None))
+                if response.cmd in LAST_WORDS:
+                    self._let_go(slot)
             elif isinstance(event, Death):
                 answered.add(slot.worker_id)
                 self._events.append(EnvEvent(slot.worker_id, event.incarnation, None, event.error))
+                self._let_go(slot)
         return answered
+
+    def _let_go(self, slot: Slot) -> None:
+        """A worker that died or is exiting goes to the ladder now, not when the trainer's
+        Release comes (a call later): its sentinel, still watched, would wake every wait."""
+        del self._slots[slot.worker_id]
+        self._ready.discard(slot.worker_id)
+        self._backend.release(slot, Reason.CLOSE)
 
     def _departing(self) -> FrozenSet[int]:
         return frozenset(w for w in self._known if self._backend.departing(w))

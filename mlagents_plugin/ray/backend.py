@@ -82,6 +82,7 @@ class _Host:
     def __init__(self, index: int):
         self.index = index
         self.actor: Any = None
+        self.sent_at = 0.0  # when the exchange in flight was sent
         self.answered = False  # has the actor answered any call (it is placed)?
         self.slots: Dict[int, Slot] = {}  # by worker id: the live incarnations on this actor
         self.outbox: List[Item] = []
@@ -100,11 +101,14 @@ class _Host:
         for ref in done:
             try:
                 ray.get(ref)
-            except RayError:
-                pass
+            except RayActorError:
+                pass  # the actor's death is reported by its exchange
+            except RayError as e:
+                logger.warning(f"A call to the Ray actor of env workers {sorted(self.slots)} failed: {_first_line(e)}")
 
-    def send(self, items: List[Item], wait_s: float) -> None:
+    def send(self, items: List[Item], wait_s: float, now: float) -> None:
         self.call = self.actor.exchange.remote(items, wait_s)
+        self.sent_at = now
         self.exchanges += 1
 
     def drop_calls(self) -> None:
@@ -129,6 +133,9 @@ class RayBackend(Backend):
         self._clock = setup.clock
         self._hosts = [_Host(h) for h in range(math.ceil(setup.n_env / self._k))]
         self._outcomes: Dict[int, str] = {}
+        # An actor that answered before but not this call within this long is wedged (its node
+        # frozen, a worker stopped halfway through a reply it is reading): it is killed.
+        self._call_bound_s = CALL_WAIT_S + settings.shutdown_timeout_s + settings.kill_grace_s + CLOSE_SLACK_S
         # A local Ray gets what the actors ask for: on one machine they share the cores
         # anyway, as subprocess workers do, and none may wait for a CPU or a resource.
         n_hosts = len(self._hosts)
@@ -196,7 +203,8 @@ class RayBackend(Backend):
         for slot in host.slots.values():
             error = WorkerDiedError(f"{slot.label}: {why}.", slot.worker_id, slot.pid)
             host.deaths.append(Death(slot, slot.incarnation, error))
-            self._outcomes[slot.worker_id] = "was killed with its Ray actor"
+        for worker_id in [*host.slots, *host.departing]:
+            self._outcomes[worker_id] = "was killed with its Ray actor"
         host.drop_calls()
         host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
 
@@ -223,8 +231,10 @@ class RayBackend(Backend):
                 if host.outbox:
                     host.applying.append(host.actor.apply.remote(host.outbox))
                 closing[host.actor.close.remote(interrupted)] = host
-            deadline = self._clock() + self._settings.shutdown_timeout_s + self._settings.kill_grace_s
-            deadline += CLOSE_SLACK_S + CALL_WAIT_S
+            # The actor's close: its ladder (shutdown_timeout_s + kill_grace_s + a moment), then
+            # what its workers left (up to 2 x kill_grace_s); after an exchange in flight.
+            kill_grace_s = self._settings.kill_grace_s
+            deadline = self._clock() + self._call_bound_s + 2 * kill_grace_s + CLOSE_SLACK_S
             while closing:
                 ready, _ = ray.wait(list(closing), num_returns=len(closing), timeout=max(0.0, deadline - self._clock()))
                 for ref in ready:
@@ -234,6 +244,9 @@ class RayBackend(Backend):
             for host in closing.values():
                 logger.warning(f"Ray actor of env workers {sorted(host.departing)} did not close in time; killing it.")
                 self._kill_host(host, "did not close in time")
+            read_until = self._clock() + kill_grace_s  # what killed actors' calls failed with
+            for host in self._hosts:
+                host.read_applied(timeout=max(0.0, read_until - self._clock()))
         finally:
             self._leave_ray()
 
@@ -271,10 +284,10 @@ class RayBackend(Backend):
             if host.actor is None or host.call is not None:
                 continue
             if host.outbox:
-                host.send(host.outbox, CALL_WAIT_S)
+                host.send(host.outbox, CALL_WAIT_S, self._clock())
                 host.outbox = []
             elif host.departing or host.owes_replies():
-                host.send([], POLL_WAIT_S)
+                host.send([], POLL_WAIT_S, self._clock())
         if events:
             return events
         calls = {host.call: host for host in self._hosts if host.call is not None}
@@ -305,6 +318,8 @@ class RayBackend(Backend):
                 events.append(Death(slot, slot.incarnation, error))
             for worker_id in host.departing:
                 self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
+            if not isinstance(e, RayActorError):  # the call failed in a live actor: end it
+                ray.kill(host.actor, no_restart=True)
             host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
             return events
         host.answered = True
@@ -320,6 +335,20 @@ class RayBackend(Backend):
                 assert event.error is not None
                 events.append(Death(owner, event.incarnation, event.error))
         return events
+
+    def next_deadline(self) -> Optional[float]:
+        """When the oldest call of an actor that answered before becomes overdue."""
+        sent = [host.sent_at for host in self._hosts if host.call is not None and host.answered]
+        return min(sent) + self._call_bound_s if sent else None
+
+    def advance(self) -> None:
+        """Kill actors whose call is overdue: their envs die (and restart within quota)."""
+        now = self._clock()
+        for host in self._hosts:
+            if host.call is not None and host.answered and now >= host.sent_at + self._call_bound_s:
+                why = f"its Ray actor did not answer a call within {self._call_bound_s:.0f} s and was killed"
+                logger.error(f"Ray actor of env workers {sorted(host.slots)}: {why}.")
+                self._kill_host(host, why)
 
     def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int] = None) -> None:
         """Where the host's workers run, which are still departing, and their timers;
