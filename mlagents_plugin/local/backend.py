@@ -58,6 +58,7 @@ class ProcessBackend(Backend):
         self._readiness = Readiness()
         self._ladder = Ladder(settings.shutdown_timeout_s, settings.kill_grace_s, self._readiness)
         self._workers: Dict[int, _Worker] = {}  # by worker id: the live incarnations
+        self._segments_of_departing: Dict[int, str] = {}  # worker id -> segment prefix
 
     def launch(self, slot: Slot, spec: WorkerSpec) -> None:
         spec = spec._replace(owner_tag=self._owner_tag(slot), segment_prefix=self._segment_prefix(slot))
@@ -85,12 +86,16 @@ class ProcessBackend(Backend):
 
     def release(self, slot: Slot, reason: Reason) -> None:
         """Hand the slot's process to the shutdown ladder (CLOSE first, if it may still read
-        it); drop its shared memory."""
+        it); its shared memory goes once it is reaped."""
         worker = self._workers.pop(slot.worker_id)
         if reason is Reason.CLOSE:
             close = EnvironmentRequest(EnvironmentCommand.CLOSE, slot.worker_id, slot.incarnation)
             _send(worker, pack(close))
-        self._remove_segments(self._segment_prefix(slot))
+        # Not now: a worker still stepping may be creating a segment this very moment, and its
+        # tracker registration could then arrive after our unregistration (a "leak" at exit).
+        prefix = self._segment_prefix(slot)
+        if prefix is not None:
+            self._segments_of_departing[slot.worker_id] = prefix
         self._readiness.forget(worker.process.sentinel)
         if worker.conn is not None:
             self._readiness.forget(worker.conn)
@@ -113,6 +118,10 @@ class ProcessBackend(Backend):
 
     def advance(self) -> None:
         self._ladder.advance()
+        for worker_id, prefix in list(self._segments_of_departing.items()):
+            if worker_id not in self._ladder:  # reaped: nobody creates segments under it any more
+                wire.remove_segments(prefix)
+                del self._segments_of_departing[worker_id]
 
     def close(self, interrupted: bool) -> None:
         """The ladder, to the end (NOTE [ Shutdown ladder ]): within shutdown_timeout_s +
