@@ -127,3 +127,33 @@ def reaper_of(supervisor_pid: int) -> psutil.Process:
         if command[3:5] == [reaper.__file__, str(supervisor_pid)] and proc.status() != psutil.STATUS_ZOMBIE:
             return proc
     pytest.fail(f"process {supervisor_pid} has no reaper")
+
+
+class KillOnceBusy:
+    """SIGKILL ``pid`` from a thread once it has spent ``cpu_s`` more CPU than now: mid-run
+    however fast or slow the machine is (a wall-clock timer may fire after the run has ended).
+    ``cancel()`` stops it; ``fired`` says whether it killed."""
+
+    def __init__(self, pid: int, cpu_s: float = 0.1):
+        import threading
+
+        self.process = psutil.Process(pid)
+        self.until = sum(self.process.cpu_times()[:2]) + cpu_s
+        self.stop = threading.Event()
+        self.fired = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(0.02):
+                if sum(self.process.cpu_times()[:2]) >= self.until:
+                    self.process.send_signal(signal.SIGKILL)
+                    self.fired = True
+                    return
+        except psutil.Error:
+            pass  # gone already
+
+    def cancel(self) -> None:
+        self.stop.set()
+        self.thread.join(5.0)

@@ -4,12 +4,11 @@ test_faults.py, test_real_faults.py (processes, signals, the close ladder) and t
 (actors, nodes, placement)."""
 import os
 import signal
-import threading
 import time
 
 import psutil
 import pytest
-from helpers import alive_after
+from helpers import KillOnceBusy, alive_after
 from mlagents.trainers.settings import ConstantSettings
 from mlagents_envs.exception import UnityCommunicationException
 
@@ -256,8 +255,7 @@ def test_a_worker_killed_mid_run_is_restarted_and_training_continues(manager_of)
     manager = manager_of(make_factory(SimpleEnvironment), 2, restart_backoff_s=0.0)
     manager.reset()
     victim = host_pid(manager, 1)
-    killer = threading.Timer(3.0, os.kill, (victim, signal.SIGKILL))
-    killer.start()
+    killer = KillOnceBusy(victim)
     try:
         check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
     finally:

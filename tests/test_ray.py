@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import alive_after, free_port_block, run_learn, write_config
+from helpers import KillOnceBusy, alive_after, free_port_block, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
 
@@ -203,8 +202,7 @@ def test_a_killed_actor_of_several_envs_restarts_them_all_and_training_goes_on(r
     manager.reset()
     before = manager.placements
     assert before[0].actor_pid == before[1].actor_pid != before[2].actor_pid == before[3].actor_pid
-    killer = threading.Timer(3.0, os.kill, (before[2].actor_pid, signal.SIGKILL))
-    killer.start()
+    killer = KillOnceBusy(before[2].actor_pid)
     try:
         check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
     finally:
