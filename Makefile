@@ -1,18 +1,37 @@
-# The README's two commands: `make demo` (the main job) and `make test`. Both set up .venv first.
+# The README's two commands: `make demo` (the main job) and `make test`. Both set up what they need.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OVERRIDES := requirements/mlagents-py311.txt
+# Python 3.10, ML-Agents' own: from pyenv on the project's machines, else from PATH.
+PYTHON310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) python3.10)
+VENV310 := .venv310
+STAMP310 := $(VENV310)/.installed
+VENV100 := .venv310-mlagents-1.0
+STAMP100 := $(VENV100)/.installed
+WHEEL := dist/mlagents_plugin-0.1.0-py3-none-any.whl
+SOURCES := setup.py $(shell find mlagents_plugin config -type f -not -path '*/__pycache__/*')
 # Two pytest workers: most tests wait on processes, timeouts and ports more than they compute.
 # loadgroup: the Ray tests (xdist_group "ray") share one worker, so Ray starts once.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
+# The ML-Agents 1.0.0 leg: what touches ML-Agents (docs/platforms.md has the table).
+MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli.py tests/test_dropin.py \
+	tests/test_e2e_player.py tests/test_real_faults_learn.py
+# The portable leg (docs/platforms.md): what macOS and Windows run, on Linux.
+PORTABLE_TESTS := tests/test_contract.py tests/test_faults.py tests/test_real_faults.py \
+	tests/test_real_faults_learn.py tests/test_shutdown.py tests/test_signals.py tests/test_wire.py \
+	tests/test_player.py::test_death_during_handshake_is_recovered_by_the_manager \
+	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \
+	tests/test_e2e_player.py::test_a_build_dying_in_the_handshake_is_reported_at_once_and_restarted
 
-.PHONY: install demo test test-fast lint bench chaos doctor clean
+.PHONY: install install-3.10 wheel demo test test-3.11 test-3.10 test-mlagents-1.0 test-portable test-fast lint bench chaos \
+	doctor clean
 
 install: $(STAMP)
 
-# See docs/install.md for why ML-Agents is installed this way. pip shows what it installs.
+# Python 3.11, editable, with ML-Agents' Python 3.11 overrides: see docs/install.md for why
+# ML-Agents is installed this way. pip shows what it installs.
 $(STAMP): setup.py $(OVERRIDES)
 	@echo "==> [1/6] virtual environment $(VENV)"
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -24,24 +43,65 @@ $(STAMP): setup.py $(OVERRIDES)
 	$(BIN)/pip install --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
 	@echo "==> [5/6] mlagents-plugin with its dev and ray extras"
 	$(BIN)/pip install -c $(OVERRIDES) -e ".[dev,ray]"
-	@echo "==> [6/6] fast protobuf for mlagents-envs, then the doctor's check"
+	@echo "==> [6/6] fast protobuf for mlagents-envs (the wheel carries this .pth), then the doctor's check"
 	$(BIN)/python -m mlagents_plugin.fast_protobuf --install-pth
 	$(BIN)/python -m mlagents_plugin doctor
 	touch $(STAMP)
 
+wheel: $(WHEEL)
+
+$(WHEEL): $(SOURCES) | $(STAMP)
+	rm -rf build dist/mlagents_plugin-*.whl  # setuptools would reuse build/: moved modules with it
+	$(BIN)/pip wheel --no-deps -q -w dist .
+
+install-3.10: $(STAMP310) $(STAMP100)
+
+# Python 3.10 made as ML-Agents' install guide makes it, then the plugin's wheel, as a user
+# installs it (docs/install.md): with ML-Agents 1.1.0 for the whole suite, and 1.0.0 for the
+# part that touches ML-Agents. Made afresh each time setup.py changes, so that the check that the
+# plugin changed nothing but setuptools is made on a clean environment.
+$(STAMP310): setup.py .ci/official_venv.sh | $(WHEEL)
+	.ci/official_venv.sh $(PYTHON310) $(VENV310) 1.1.0 $(WHEEL) dev,ray
+	touch $@
+
+$(STAMP100): setup.py .ci/official_venv.sh | $(WHEEL)
+	.ci/official_venv.sh $(PYTHON310) $(VENV100) 1.0.0 $(WHEEL) dev
+	touch $@
+
 demo: $(STAMP)
 	$(BIN)/python -m mlagents_plugin.demo
 
-test: lint
+# Every leg: lint, the suite on Python 3.11, on Python 3.10 from the wheel (ML-Agents 1.1.0, and
+# 1.0.0 where it touches ML-Agents), and the portable path.
+test: lint test-3.11 test-3.10 test-mlagents-1.0 test-portable
+
+test-3.11: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The installed wheel is tested, not this checkout: pytest's entry script does not put the
+# checkout on sys.path (tests/conftest.py checks where mlagents_plugin comes from). The
+# benchmarks' smoke tests run the checkout's benchmarks/ with the checkout's code: the 3.11 leg's.
+test-3.10: $(STAMP310) $(WHEEL)
+	$(VENV310)/bin/pip install --force-reinstall --no-deps -q $(WHEEL)
+	MLAGENTS_PLUGIN_EXPECT_INSTALLED=1 $(VENV310)/bin/pytest $(PYTEST_ARGS) --ignore=tests/test_benchmarks.py
+
+test-mlagents-1.0: $(STAMP100) $(WHEEL)
+	$(VENV100)/bin/pip install --force-reinstall --no-deps -q $(WHEEL)
+	MLAGENTS_PLUGIN_EXPECT_INSTALLED=1 $(VENV100)/bin/pytest $(PYTEST_ARGS) -m "not ray" $(MLAGENTS_100_TESTS)
+
+test-portable: $(STAMP)
+	MLAGENTS_PLUGIN_PORTABLE=1 $(BIN)/python -m pytest $(PYTEST_ARGS) -m "not hardening" $(PORTABLE_TESTS)
 
 # The process-free tests (the manager's logic on a fake backend, settings, wire format): < 60 s.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m fast -p no:cacheprovider
 
+# ruff, and mypy for Python 3.10 on Linux, macOS and Windows (the portable path must type-check there).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/mypy --platform darwin
+	$(BIN)/mypy --platform win32
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
@@ -54,4 +114,4 @@ doctor: $(STAMP)
 	$(BIN)/python -m mlagents_plugin doctor
 
 clean:
-	rm -rf $(VENV) results *.egg-info
+	rm -rf $(VENV) $(VENV310) $(VENV100) dist build results *.egg-info

@@ -153,7 +153,7 @@ def leftovers(trainer_pid: int, run_dir: Path, temp_dir: Path) -> Dict[str, list
     plugin's only temp dirs with a fixed place, Ray's /tmp/mlap-ray-<pid>-*, are looked for by
     name (a local run makes none)."""
     sys.path.insert(0, str(REPO))
-    from mlagents_plugin.local import processes, reaper
+    from mlagents_plugin.local import processes
 
     procs = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
     for proc in psutil.process_iter():
@@ -163,7 +163,7 @@ def leftovers(trainer_pid: int, run_dir: Path, temp_dir: Path) -> Dict[str, list
         except psutil.Error:
             pass
     segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
-    ray_parent, ray_stem = os.path.split(f"{reaper.DIR_ROOT}{trainer_pid}-")
+    ray_parent, ray_stem = os.path.split(f"{processes.DIR_ROOT}{trainer_pid}-")
     entries = sorted(os.listdir(temp_dir))
     cache = [str(temp_dir / n) for n in entries if n == TORCH_CACHE]
     temp = [str(temp_dir / n) for n in entries if n != TORCH_CACHE]
@@ -187,10 +187,11 @@ def run(args: argparse.Namespace) -> Dict:
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.out))
     sys.path.insert(0, str(REPO))
+    from mlagents_plugin.examples import config_file
     from mlagents_plugin.player.build import make_build
 
     make_build(str(work / "builds"), "goal")
-    config = yaml.safe_load((REPO / "config" / "goal_player.yaml").read_text())
+    config = yaml.safe_load(config_file("goal_player.yaml").read_text())
     config["behaviors"]["Goal"]["max_steps"] = 10**8
     config["env_manager"] = (
         {"enabled": False} if args.upstream else {"restart_backoff_s": 0.2, "step_timeout_s": STEP_TIMEOUT_S}

@@ -1,6 +1,7 @@
 """What a worker costs before it steps: start-up (manager built to the first reset answered by
 every worker) and memory per worker, ours (forkserver) against upstream (fork), for Python envs
-and player builds, at 1, 4, 8 and 16 workers.
+and player builds, at 1, 4, 8 and 16 workers; and as on macOS and Windows, where both spawn their
+workers: ours on the portable path against upstream with spawn (docs/platforms.md).
 
 Each measurement runs in a fresh trainer process that has imported what ``mlagents-learn`` has
 (ML-Agents' trainers, torch) and whose run options name a PPO behaviour, as ``mlagents-learn``'s
@@ -21,8 +22,15 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+if __name__ in ("__main__", "__mp_main__"):
+    # A measurement's trainer imports, at the top of its main module, what mlagents-learn's script
+    # does: upstream's spawned workers import the main module again, as they do under mlagents-learn.
+    import mlagents.trainers.learn  # noqa: F401
+
 WORKERS = (1, 4, 8, 16)
 ENVS = ("python", "build")
+# (ours, upstream): Linux's defaults; and what macOS and Windows run (MLAGENTS_PLUGIN_PORTABLE=1)
+PAIRS = {"linux": ("ours", "upstream"), "spawn": ("ours portable", "upstream spawn")}
 STEPS_BEFORE_MEMORY = 50
 
 
@@ -38,6 +46,10 @@ def _child(which: str, env: str, n_env: int) -> Dict:
     from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
     register_trainer_plugins()
+    if which == "upstream spawn":  # upstream takes the platform's default: spawn on macOS and Windows
+        import multiprocessing
+
+        multiprocessing.set_start_method("spawn", force=True)
     run_options = RunOptions()
     run_options.behaviors["Goal"] = TrainerSettings(trainer_type="ppo")
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +64,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
         results = {}
         for attempt in ("cold", "warm"):
             started = time.perf_counter()
-            if which == "ours":
+            if which.startswith("ours"):
                 manager = SupervisedEnvManager(factory, run_options, n_env)
             else:
                 manager = SubprocessEnvManager(factory, run_options, n_env)
@@ -61,7 +73,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
                 results[f"{attempt}_startup_s"] = time.perf_counter() - started
                 for _ in range(STEPS_BEFORE_MEMORY):
                     manager.get_steps()
-                if which == "ours":
+                if which.startswith("ours"):
                     pids = list(manager.worker_pids.values())
                 else:
                     pids = [worker.process.pid for worker in manager.env_workers]
@@ -115,9 +127,12 @@ def _bare_mlagents_envs() -> Dict[str, float]:
 
 
 def measure(which: str, env: str, n_env: int) -> Dict:
+    environment = dict(os.environ)
+    if which == "ours portable":
+        environment["MLAGENTS_PLUGIN_PORTABLE"] = "1"
     result = subprocess.run(
         [sys.executable, __file__, "--child", which, env, str(n_env)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=environment,
     )
     if result.returncode != 0:
         raise RuntimeError(f"{which} {env} {n_env}: {result.stderr[-2000:]}")
@@ -129,17 +144,20 @@ def run(quick: bool) -> List[Dict]:
     workers = (1, 4) if quick else WORKERS
     rows = []
     bare = _bare_mlagents_envs()
-    for env in ENVS:
-        for n_env in workers:
-            runs: Dict[str, List[Dict]] = {"ours": [], "upstream": []}
-            for _ in range(repeats):  # alternating, so both see the same machine
-                for which in runs:
-                    runs[which].append(measure(which, env, n_env))
-            row = {"env": env, "workers": n_env, "bare_mlagents_envs": bare}
-            for which, measured in runs.items():
-                row[which] = {key: statistics.median(m[key] for m in measured) for key in measured[0]}
-            print(row, flush=True)
-            rows.append(row)
+    for pair, (ours, upstream) in PAIRS.items():
+        for env in ENVS:
+            for n_env in workers if pair == "linux" else (1,) if quick else workers[:3]:
+                runs: Dict[str, List[Dict]] = {ours: [], upstream: []}
+                for _ in range(repeats):  # alternating, so both see the same machine
+                    for which in runs:
+                        runs[which].append(measure(which, env, n_env))
+                row = {"pair": pair, "env": env, "workers": n_env, "bare_mlagents_envs": bare}
+                for which, measured in runs.items():
+                    row["ours" if which == ours else "upstream"] = {
+                        key: statistics.median(m[key] for m in measured) for key in measured[0]
+                    }
+                print(row, flush=True)
+                rows.append(row)
     return rows
 
 
@@ -151,14 +169,18 @@ def markdown(rows: List[Dict]) -> str:
         f"MB (a bare process that imported mlagents-envs: USS {bare['uss_mb']:.1f}, "
         f"PSS {bare['pss_mb']:.1f}).",
         "",
-        "| env | workers | start-up cold: ours / upstream (ratio) | warm: ours / upstream (ratio) | "
+        "`linux`: ours (forkserver) against upstream (fork), each on its Linux default. `spawn`: what "
+        "macOS and Windows run, ours on the portable path against upstream with spawn (their default "
+        "there).",
+        "",
+        "| path | env | workers | start-up cold: ours / upstream (ratio) | warm: ours / upstream (ratio) | "
         "USS ours / upstream | PSS ours / upstream |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         ours, up = row["ours"], row["upstream"]
         out.append(
-            f"| {row['env']} | {row['workers']} | "
+            f"| {row.get('pair', 'linux')} | {row['env']} | {row['workers']} | "
             f"{ours['cold_startup_s']:.3f} / {up['cold_startup_s']:.3f} s "
             f"({ours['cold_startup_s'] / up['cold_startup_s']:.2f}) | "
             f"{ours['warm_startup_s']:.3f} / {up['warm_startup_s']:.3f} s "

@@ -27,7 +27,6 @@ from typing import Dict, List, Tuple
 import psutil
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
 MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
 MANAGERS = ("upstream", "ours unbatched", "ours batched")
 ENV_MANAGER_SECTION = {
@@ -72,7 +71,9 @@ def _timer_count(node: Dict, name: str) -> int:
 
 
 def player_run(manager: str, builds: int, agents: int, max_steps: int, work: Path) -> Dict[str, float]:
-    config = yaml.safe_load((REPO / "config" / "goal_player.yaml").read_text())
+    from mlagents_plugin.examples import config_file
+
+    config = yaml.safe_load(config_file("goal_player.yaml").read_text())
     config["behaviors"]["Goal"].update(max_steps=max_steps, summary_freq=max_steps // 8)
     config["env_manager"] = ENV_MANAGER_SECTION[manager]
     run_id = f"{manager.replace(' ', '-')}-{builds}x{agents}-{time.monotonic_ns()}"

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from mlagents_plugin.examples import config_file
 from mlagents_plugin.player.build import make_build
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "config" / "goal_player.yaml"
 BEHAVIOR = "Goal"
 REWARD = "Environment/Cumulative Reward"
 RESTARTS = "Environment/Env Workers/Restarts/"
@@ -36,18 +35,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.results_dir) / args.run_id
-    build = make_build(str(Path(args.results_dir) / "demo-builds"), "goal")
+    builds = Path(args.results_dir) / "demo-builds"
+    make_build(str(builds), "goal")
     base_port = _free_port_block(args.num_envs + 8)
     player_args = ["--num-agents", str(args.agents_per_env)]
     if not args.no_crash:
-        once = Path(args.results_dir) / "demo-builds" / "crashed-once"
+        once = builds / "crashed-once"
         once.unlink(missing_ok=True)
         # Build 1 crashes (exit code 3) at its 150th step, the first time only.
         player_args += ["--crash-after-steps", "150", "--fault-port", str(base_port + 1), "--fault-once", str(once)]
     command = [
         str(Path(sys.executable).parent / "mlagents-learn"),
-        str(CONFIG),
-        f"--env={build.with_suffix('')}",
+        str(config_file("goal_player.yaml")),
+        f"--env={builds / 'goal'}",
         f"--num-envs={args.num_envs}",
         f"--base-port={base_port}",
         f"--run-id={args.run_id}",

@@ -15,22 +15,26 @@
 #
 # The finder must be in place before anything imports mlagents-envs, in the trainer, in every
 # worker (spawn and forkserver start fresh interpreters) and in the player. The one place that
-# runs that early in every interpreter is a ``.pth`` file in site-packages: ``make install``
-# writes one (``python -m mlagents_plugin.fast_protobuf --install-pth``) that calls
-# ``install()``. Loading this module costs nothing: protobuf is imported at the first
-# intercepted import, and with protobuf < 4 the finder steps aside and the original files load.
+# runs that early in every interpreter is a ``.pth`` file in site-packages, which calls
+# ``install()``: the wheel carries it, and ``make install`` writes it for the editable checkout.
+# Loading this module costs nothing: protobuf is imported at the first intercepted import, and
+# with protobuf < 4 (Python 3.10's) the finder steps aside and the original files load.
 """
 import sys
 from typing import Any, Dict, List, Optional, Tuple, cast
 
 PACKAGE = "mlagents_envs.communicator_objects"
 PTH_NAME = "mlagents_plugin_fast_protobuf.pth"
-# The .pth loads this file by path, under a private name: importing the package from a .pth
-# would make pytest warn, in every project with this package installed, that it cannot rewrite
-# the asserts of our pytest plugin. Finders are recognised across the two copies by FINDER_MARK.
+# The .pth finds this file through the import system, without importing the package, and loads
+# it under a private name: importing the package from a .pth would make pytest warn, in every
+# project with this package installed, that it cannot rewrite the asserts of our pytest plugin.
+# Finders are recognised across the two copies by FINDER_MARK. The wheel ships the .pth (setup.py);
+# an editable install writes it with ``python -m mlagents_plugin.fast_protobuf --install-pth``.
 PTH_LINE = (
-    "import importlib.util as u; s = u.spec_from_file_location('_mlagents_plugin_fast_protobuf', {path!r}); "
-    "m = u.module_from_spec(s); s.loader.exec_module(m); m.install()\n"
+    "import importlib.util as u, os; p = u.find_spec('mlagents_plugin'); "
+    "s = p and u.spec_from_file_location('_mlagents_plugin_fast_protobuf', "
+    "os.path.join(p.submodule_search_locations[0], 'fast_protobuf.py')); "
+    "m = s and u.module_from_spec(s); s and s.loader.exec_module(m); m and m.install()\n"
 )
 FINDER_MARK = "_mlagents_plugin_fast_protobuf"
 
@@ -39,6 +43,13 @@ def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent)."""
     if not any(getattr(finder, FINDER_MARK, False) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
+
+
+def needed() -> bool:
+    """Whether mlagents-envs' generated modules need the finder: protobuf 4 or newer."""
+    import google.protobuf
+
+    return int(google.protobuf.__version__.split(".")[0]) >= 4
 
 
 def backend() -> str:
@@ -78,9 +89,7 @@ class _Finder:
         if not (fullname.startswith(PACKAGE + ".") and fullname.endswith("_pb2")):
             return None
         if self._needed is None:
-            import google.protobuf
-
-            self._needed = int(google.protobuf.__version__.split(".")[0]) >= 4
+            self._needed = needed()
         if not self._needed:
             return None
         import importlib.machinery
@@ -197,7 +206,7 @@ def install_pth() -> str:
 
     path = os.path.join(sysconfig.get_paths()["purelib"], PTH_NAME)
     with open(path, "w") as f:
-        f.write(PTH_LINE.format(path=os.path.abspath(__file__)))
+        f.write(PTH_LINE)
     return path
 
 

@@ -75,8 +75,14 @@ def _is_ray_actor(process: psutil.Process) -> bool:
 
 def pytest_configure(config) -> None:
     """Before the test modules are imported: check the slots' invariants after every pump
-    (core/lifecycle.py), here and in every mlagents-learn the tests start."""
+    (core/lifecycle.py), here and in every mlagents-learn the tests start. The Python 3.10 leg
+    tests the installed wheel: make sure it is what is imported, not this checkout."""
     os.environ["MLAGENTS_PLUGIN_CHECK"] = "1"
+    if os.environ.get("MLAGENTS_PLUGIN_EXPECT_INSTALLED") == "1":
+        import mlagents_plugin
+
+        if Path(mlagents_plugin.__file__).resolve().parents[1] == Path(__file__).resolve().parents[1]:
+            pytest.exit(f"mlagents_plugin comes from this checkout ({mlagents_plugin.__file__}), not the wheel", 2)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
 """Helpers for tests that run the real mlagents-learn CLI, players and ports."""
+import json
 import os
 import random
 import signal
@@ -12,6 +13,8 @@ from typing import Dict, List
 import psutil
 import pytest
 import yaml
+
+from mlagents_plugin.examples import config_file
 
 REPO = Path(__file__).resolve().parents[1]
 MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
@@ -36,7 +39,7 @@ def free_port_block(size: int) -> int:
 
 def write_config(tmp_path: Path, name: str, edit=None) -> Path:
     """A copy of config/<name> in tmp_path, optionally changed by ``edit(config_dict)``."""
-    config = yaml.safe_load((REPO / "config" / name).read_text())
+    config = yaml.safe_load(config_file(name).read_text())
     if edit is not None:
         edit(config)
     path = tmp_path / name
@@ -115,16 +118,20 @@ def alive_after(pids, grace_s: float):
 
 
 def reaper_of(supervisor_pid: int) -> psutil.Process:
-    """The reaper a supervising process started (local/reaper.py, NOTE [ No orphans ]): not
-    its child, so found by its command line."""
-    from mlagents_plugin.local import reaper
+    """The reaper a supervising process started (NOTE [ The reaper ]): not its child, so found
+    by its command line."""
+    from mlagents_plugin.local.linux import reaper
 
     for proc in psutil.process_iter():
         try:
             command = proc.cmdline()
         except psutil.Error:
             continue
-        if command[3:5] == [reaper.__file__, str(supervisor_pid)] and proc.status() != psutil.STATUS_ZOMBIE:
+        if (
+            command[3:4] == [reaper.__file__]
+            and json.loads(command[4])["supervisor"] == supervisor_pid
+            and proc.status() != psutil.STATUS_ZOMBIE
+        ):
             return proc
     pytest.fail(f"process {supervisor_pid} has no reaper")
 

@@ -5,6 +5,8 @@ import pytest
 import yaml
 from helpers import run_learn, write_config
 
+from mlagents_plugin.core import platform
+
 pytestmark = pytest.mark.e2e
 
 
@@ -22,7 +24,8 @@ def python_env_config(tmp_path, section=None, **env_manager):
 def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
     result = run_learn(tmp_path, python_env_config(tmp_path, shutdown_timeout_s=5), "--num-envs=2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Env manager: SupervisedEnvManager (mlagents-plugin) with 2 worker(s)" in result.stdout
+    path = platform.path_name()  # "Linux hardening", or "portable (linux)" with MLAGENTS_PLUGIN_PORTABLE=1
+    assert f"Env manager: SupervisedEnvManager (mlagents-plugin, {path}) with 2 worker(s)" in result.stdout
     run_dir = tmp_path / "results" / "run"
     effective = yaml.safe_load((run_dir / "env_manager.yaml").read_text())
     assert effective["manager"] == "SupervisedEnvManager"
@@ -41,7 +44,7 @@ def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
     [
         ({"shutdwon_timeout_s": 3}, "Unknown setting 'shutdwon_timeout_s'"),
         ({"kill_grace_s": "soon"}, "'kill_grace_s' must be <class 'float'>"),
-        ({"start_method": "threads"}, "'start_method' must be in ('forkserver', 'spawn', 'fork')"),
+        ({"start_method": "threads"}, "'start_method' must be one of forkserver, spawn, fork (got 'threads')"),
         ({"step_timeout_s": -1}, "'step_timeout_s' must be > 0"),
         ("fast", "must be a mapping of settings"),
     ],

@@ -1,4 +1,8 @@
-"""The ML-Agents internals we rely on (integration/compat.py), exercised on ML-Agents' real classes."""
+"""The ML-Agents internals we rely on (integration/compat.py), exercised on ML-Agents' real classes,
+and the versions of ML-Agents the plugin runs with (integration/entry.py)."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from mlagents.trainers import cli_utils, learn
@@ -11,7 +15,7 @@ from mlagents.trainers.torch_entities import model_serialization
 from mlagents.trainers.torch_entities.networks import SimpleActor
 
 from mlagents_plugin.core.internals import Internal, original
-from mlagents_plugin.integration import compat, plugin
+from mlagents_plugin.integration import compat, entry, plugin
 from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.testing import SimpleEnvironment
 
@@ -91,3 +95,42 @@ def test_dropping_a_workers_trajectories_keeps_the_others():
 def test_nothing_the_loopback_ray_relies_on_is_missing():
     pytest.importorskip("ray", reason="the [ray] extra is not installed")
     assert ray_local.check() == []
+
+
+UNSUPPORTED_ML_AGENTS = """
+import importlib.metadata, sys
+real = importlib.metadata.version
+importlib.metadata.version = lambda name: "0.30.0" if name in ("mlagents", "mlagents-envs") else real(name)
+from mlagents.trainers.learn import main
+sys.argv = ["mlagents-learn", sys.argv[1], "--run-id=run", "--force"]
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_unsupported_ml_agents_stops_mlagents_learn_at_start_with_one_line(tmp_path):
+    """NOTE [ Supported ML-Agents versions ]: the real mlagents-learn, told by importlib.metadata
+    that ML-Agents is 0.30.0, stops with one line naming both versions, before it makes anything."""
+    config = tmp_path / "config.yaml"
+    config.write_text("behaviors: {}\n")
+    result = subprocess.run(
+        [sys.executable, "-c", UNSUPPORTED_ML_AGENTS, str(config)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    ours = [line for line in result.stderr.splitlines() if "mlagents-plugin" in line]
+    assert ours == [
+        "mlagents-plugin: this version supports ML-Agents 1.0.0 and 1.1.0 (mlagents and mlagents-envs of the same "
+        "version); installed: mlagents 0.30.0, mlagents-envs 0.30.0: install one of them (pip install "
+        "mlagents==1.1.0), or remove the plugin (pip uninstall mlagents-plugin)."
+    ]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.fast
+def test_a_supported_version_whose_internals_moved_is_refused_in_one_line(monkeypatch):
+    assert entry.unsupported() is None
+    monkeypatch.setattr(compat, "INTERNALS", [Internal("mlagents.trainers.learn:no_such_function", "test")])
+    refusal = entry.unsupported()
+    assert refusal is not None and "\n" not in refusal
+    assert "mlagents.trainers.learn:no_such_function is missing" in refusal

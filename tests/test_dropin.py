@@ -1,5 +1,6 @@
 """A drop-in for upstream's SubprocessEnvManager: its contract where it is right, workers as
 light and quick as its, and the habits of ML-Agents users (re-running a results folder)."""
+import inspect
 import os
 import subprocess
 import sys
@@ -55,7 +56,10 @@ def test_reset_returns_one_step_per_worker_when_one_restarts_meanwhile(env_manag
 def test_a_missing_build_fails_at_once_and_is_not_restarted(run_options, env_manager_factory, tmp_path):
     missing = str(tmp_path / "NoSuchBuild")
     run_options.env_settings.env_path = missing  # what mlagents-learn --env sets
-    factory = create_environment_factory(missing, True, True, 0, 1, 60, 5005, [], str(tmp_path))
+    arguments = dict(env_path=missing, no_graphics=True, no_graphics_monitor=True, seed=0, num_areas=1,
+                     timeout_wait=60, start_port=5005, env_args=[], log_folder=str(tmp_path))
+    accepted = inspect.signature(create_environment_factory).parameters  # 1.0.0 has no no_graphics_monitor
+    factory = create_environment_factory(**{k: v for k, v in arguments.items() if k in accepted})
     manager = env_manager_factory(factory, 2)
     started = time.monotonic()
     with pytest.raises(BuildNotFoundError, match="There is no Unity build at") as info:

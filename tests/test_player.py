@@ -10,6 +10,7 @@ import pytest
 from helpers import free_port_block
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
+from mlagents_envs import env_utils
 from mlagents_envs.environment import UnityEnvironment
 from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException
 from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
@@ -270,3 +271,19 @@ def test_the_player_without_a_trainer_fails_and_says_what_to_start(tmp_path):
     assert result.returncode == 1
     assert f"No trainer answered on port {port} within --connect-timeout-s=1 s" in result.stderr
     assert "Start mlagents-learn first" in result.stderr
+
+
+@pytest.mark.parametrize("platform", ["linux", "darwin"])
+def test_make_build_writes_where_mlagents_envs_looks_for_a_build(tmp_path, monkeypatch, platform):
+    """On macOS a build is a .app bundle: mlagents-envs' own lookup, told it runs there, finds
+    the launcher (which is also what `--env=DIR/NAME` launches on Linux)."""
+    launcher = make_build(str(tmp_path), "goal", platform=platform)
+    monkeypatch.setattr(env_utils, "get_platform", lambda: platform)
+    monkeypatch.chdir(tmp_path)
+    assert env_utils.validate_environment_path(str(tmp_path / "goal")) == str(launcher)
+
+
+def test_make_build_on_windows_says_how_to_use_the_player_instead(tmp_path):
+    with pytest.raises(ValueError, match="mlagents-plugin-player"):
+        make_build(str(tmp_path), "goal", platform="win32")
+

@@ -45,9 +45,11 @@ def test_the_mlagents_entry_point_registers_no_trainer_types(ml_agents_hooks):
     assert entry_point.load()() == ({}, {})
 
 
-def test_the_pth_file_loads_fast_protobuf_by_path():
+def test_the_pth_file_loads_fast_protobuf_where_it_is_needed():
     path = os.path.join(sysconfig.get_paths()["purelib"], fast_protobuf.PTH_NAME)
     with open(path) as f:
-        line = f.read()
-    assert os.path.abspath(fast_protobuf.__file__) in line
-    assert fast_protobuf.served_modules(), "the .pth file did not install the finder in this interpreter"
+        assert f.read() == fast_protobuf.PTH_LINE
+    import mlagents_envs.communicator_objects.unity_output_pb2  # noqa: F401
+
+    served = fast_protobuf.served_modules()
+    assert served if fast_protobuf.needed() else not served, "the .pth file did not install the finder"

@@ -19,8 +19,10 @@ from mlagents.trainers.exception import TrainerConfigError
 from mlagents_plugin.core import wire
 from mlagents_plugin.core.errors import RemoteTraceback, WorkerDiedError
 from mlagents_plugin.core.settings import parse_section
-from mlagents_plugin.local import die_with_parent, processes
-from mlagents_plugin.local.player_watch import with_parent_death_signal
+from mlagents_plugin.local import processes
+from mlagents_plugin.local.linux import die_with_parent
+from mlagents_plugin.local.linux.hardening import remove_segments
+from mlagents_plugin.local.linux.players import with_parent_death_signal
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import (
     HangingEnvironment,
@@ -58,15 +60,17 @@ def gone_within(pids, seconds: float) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_a_sigterm_to_one_worker_is_a_death_and_the_worker_is_restarted(env_manager_factory):
+def test_a_sigterm_to_one_worker_is_a_death_and_the_worker_is_restarted(env_manager_factory, caplog):
     manager = env_manager_factory(make_factory(SimpleEnvironment, step_sleep_s=0.002), 2)
     manager.reset()
     victim = manager.worker_pids[1]
-    os.kill(victim, signal.SIGTERM)  # kill PID, earlyoom, a container runtime
+    os.kill(victim, signal.SIGTERM)  # kill PID, earlyoom, a container runtime, while it waits for a request
     step_until(manager, lambda: manager.restart_counts == {"died": 1} and 1 in manager.worker_pids)
     assert manager.worker_pids[1] != victim
+    assert f"(pid {victim}) was stopped by SIGTERM between requests" in caplog.text
     stepped = set()
-    for _ in range(50):
+    deadline = time.monotonic() + 30  # a spawned worker imports everything afresh: about a second
+    while stepped != {0, 1} and time.monotonic() < deadline:
         stepped |= {step.worker_id for step in manager.get_steps()}
     assert stepped == {0, 1}
 
@@ -138,6 +142,7 @@ TRAINER_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.hardening
 @pytest.mark.timeout(60)
 def test_a_worker_spinning_in_c_dies_with_its_sigkilled_trainer(tmp_path):
     """A watchdog thread in the worker would never get the GIL back: the reaper, a process of
@@ -199,9 +204,10 @@ def kill_what_is_left(trainer: subprocess.Popen, pids=()) -> None:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
     processes.kill_processes(processes.find_tagged(processes.owner_prefix(trainer.pid)), 0.5)
-    wire.remove_segments(f"{wire.SEGMENT_PREFIX}{trainer.pid}_", ours=False)
+    remove_segments(f"{wire.SEGMENT_PREFIX}{trainer.pid}_", ours=False)
 
 
+@pytest.mark.hardening
 @pytest.mark.timeout(90)
 def test_the_player_of_a_sigkilled_worker_is_killed_by_the_kernel(tmp_path):
     """NOTE [ Players die with their worker ]: the player mlagents-envs launched dies in the
@@ -233,6 +239,7 @@ def test_the_player_of_a_sigkilled_worker_is_killed_by_the_kernel(tmp_path):
         kill_what_is_left(trainer, [player.pid] if player is not None else [])
 
 
+@pytest.mark.hardening
 def test_only_a_player_launched_from_the_main_thread_gets_a_parent_death_signal(tmp_path):
     """The signal fires when the thread that started the player ends (NOTE [ Players die with
     their worker ]): from another thread, which may end any time, the player starts as before.
@@ -251,6 +258,7 @@ def test_only_a_player_launched_from_the_main_thread_gets_a_parent_death_signal(
     assert with_parent_death_signal([missing]) == [missing]  # for Popen to refuse in its own words
 
 
+@pytest.mark.hardening
 @pytest.mark.timeout(30)
 def test_the_wrapper_starts_nothing_if_its_launcher_died_before_the_signal_was_set():
     """die_with_parent.py finds another parent than the launcher it was told of (as after the
@@ -282,6 +290,7 @@ SWEEP_TRAINER_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.hardening
 @pytest.mark.timeout(120)
 def test_the_next_run_sweeps_what_a_killed_trainer_and_its_killed_reaper_left(tmp_path):
     """NOTE [ No orphans ], 4.: the sweep. A trainer's reaper is a process of its own session,

@@ -6,11 +6,30 @@ ML-Agents' TrainerController a lost worker is a lost environment, so it saves th
 """
 import pickle
 import signal
+import sys
 from typing import Optional
 
 from mlagents_envs.exception import UnityCommunicationException, UnityEnvironmentException
 
 from mlagents_plugin.core.protocol import ExceptionEnvelope, StopReport
+
+# NOTE [ Exception notes on Python 3.10 ]
+# The manager says which worker failed, doing what, and why it was not restarted, in exception
+# notes (PEP 678): the interpreter prints them under the exception, and so do logging and pytest.
+# Python 3.10, ML-Agents' own, has neither ``add_note`` nor the printing. There ``add_note``
+# below sets ``__notes__`` as 3.11 would, and importing ``exceptiongroup`` (the PEP 654/678
+# backport that pytest and anyio load on 3.10, and a requirement of ours there) makes the
+# traceback module print them: the user sees the same text on both versions.
+if sys.version_info < (3, 11):
+    import exceptiongroup  # noqa: F401  (its import teaches traceback to print __notes__)
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, on Python 3.10 too (NOTE [ Exception notes on Python 3.10 ])."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
 
 
 class EnvWorkerError(UnityCommunicationException):
@@ -107,7 +126,7 @@ def exception_from_envelope(envelope: ExceptionEnvelope, where: str) -> BaseExce
             envelope.traceback,
         )
     else:
-        exc.add_note(f"Raised in {where}{doing}; its traceback is shown above.")
+        add_note(exc, f"Raised in {where}{doing}; its traceback is shown above.")
     exc.__cause__ = RemoteTraceback(f'\n"""\n{where}:\n{envelope.traceback}"""')
     return exc
 
@@ -116,7 +135,10 @@ def exception_from_envelope(envelope: ExceptionEnvelope, where: str) -> BaseExce
 def error_from_stop(report: StopReport, where: str, worker_id: int, pid: Optional[int]) -> WorkerDiedError:
     """A worker that stopped on a signal or a BaseException: a death, with the worker's traceback
     attached (NOTE [ Exceptions cross as themselves; the rest is a worker failure ])."""
-    doing = f"during {report.command.name}" if report.command else "while building its env"
+    if report.command:
+        doing = f"during {report.command.name}"
+    else:
+        doing = "between requests" if report.env_built else "while building its env"
     if report.signal is not None:
         name = signal.Signals(report.signal).name
         why = (

@@ -26,6 +26,7 @@ from mlagents_plugin.core.errors import (
     ManagerClosedError,
     RemoteWorkerError,
     WorkerTimeoutError,
+    add_note,
     error_from_stop,
     exception_from_envelope,
 )
@@ -300,6 +301,7 @@ class SupervisedManagerBase(EnvManager):
             analytics=self._analytics.environment_initialized if slot.worker_id == 0 else None,
             log_level=logger.getEffectiveLevel(),
             owner_tag="",
+            hardened=False,
             segment_prefix=None,
         )
 
@@ -438,7 +440,7 @@ class SupervisedManagerBase(EnvManager):
             slot.restart(self._clock() + delay)
             return
         if cause is not Cause.OTHER:
-            exc.add_note(self._restarts.explain_refusal(worker_id, slot.ever_started))
+            add_note(exc, self._restarts.explain_refusal(worker_id, slot.ever_started))
         slot.fail()
         logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
         raise exc

@@ -78,6 +78,7 @@ class WorkerSpec(NamedTuple):
     analytics: Optional[bytes]
     log_level: int
     owner_tag: str  # see NOTE [ No orphans ] in local/processes.py
+    hardened: bool  # the Linux hardening, or the portable path (NOTE [ Portable core, Linux hardening ])
     # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
     # another machine, so everything goes through the pipe
     segment_prefix: Optional[str]
@@ -191,11 +192,12 @@ class StopReport(NamedTuple):
     type_name: str
     message: str
     traceback: str
-    command: Optional[EnvironmentCommand]
+    command: Optional[EnvironmentCommand]  # being served, if any
+    env_built: bool = False  # else it stopped while building its env
 
 
 def describe_stop(
-    exc: BaseException, command: Optional[EnvironmentCommand], signum: Optional[int]
+    exc: BaseException, command: Optional[EnvironmentCommand], signum: Optional[int], env_built: bool = False
 ) -> StopReport:
     return StopReport(
         signum,
@@ -203,6 +205,7 @@ def describe_stop(
         _safe_str(exc),
         "".join(traceback.format_exception(exc)),
         command,
+        env_built,
     )
 
 

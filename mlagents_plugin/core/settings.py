@@ -6,12 +6,15 @@ naming the key and the valid ones. See docs/configuration.md for every setting a
 """
 import math
 import os
+import sys
 from typing import Any, Dict, List, Mapping, Optional
 
 import attr
 import yaml
 from mlagents.trainers.exception import TrainerConfigError
 from mlagents.trainers.settings import RunOptions
+
+from mlagents_plugin.core import platform
 
 SECTION = "env_manager"
 EFFECTIVE_SETTINGS_FILE = "env_manager.yaml"
@@ -121,6 +124,18 @@ def _build(cls: type, section: Any, where: str) -> Any:
         ) from None
 
 
+def _start_method(instance: Any, attribute: "attr.Attribute", value: Optional[str]) -> None:
+    if value is None:
+        return
+    if value not in START_METHODS:
+        raise ValueError(f"'{attribute.name}' must be one of {', '.join(START_METHODS)} (got {value!r}).")
+    if value not in platform.start_methods():
+        raise ValueError(
+            f"'{attribute.name}: {value}' is not available on {sys.platform}, which has "
+            f"{', '.join(platform.start_methods())}."
+        )
+
+
 def _count(instance: Any, attribute: "attr.Attribute", value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"'{attribute.name}' must be a whole number, not {value!r}.")
@@ -130,9 +145,8 @@ def _count(instance: Any, attribute: "attr.Attribute", value: Any) -> None:
 class EnvManagerSettings:
     enabled: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
     backend: str = attr.ib(default="subprocess", validator=attr.validators.in_(BACKENDS))
-    start_method: str = attr.ib(
-        default="forkserver", validator=attr.validators.in_(START_METHODS)
-    )
+    # None: forkserver with the Linux hardening, spawn on the portable path (core/platform.py)
+    start_method: Optional[str] = attr.ib(default=None, validator=_start_method)
     shutdown_timeout_s: float = attr.ib(default=10.0, **_timeout)
     kill_grace_s: float = attr.ib(default=2.0, **_timeout)
     startup_timeout_s: Optional[float] = attr.ib(**_optional_timeout)
@@ -207,6 +221,7 @@ class EnvManagerSettings:
         try:
             return attr.evolve(
                 self,
+                start_method=self.start_method or platform.default_start_method(),
                 startup_timeout_s=self.startup_timeout_s or timeout_wait + STARTUP_MARGIN_S,
                 step_timeout_s=self.step_timeout_s or timeout_wait + STEP_MARGIN_S,
             )

@@ -20,17 +20,26 @@
 """
 import contextlib
 import signal
+import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, List
 
 _interrupts = 0
 
 
+def _stop_signals() -> List[signal.Signals]:
+    """What asks the trainer to stop: Ctrl-C and SIGTERM, and SIGHUP where there is one (on
+    Windows, Ctrl-Break instead)."""
+    if sys.platform == "win32":
+        return [signal.SIGINT, signal.SIGTERM, signal.SIGBREAK]
+    return [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
 def install() -> None:
-    """Count SIGINT, SIGTERM and SIGHUP, and turn them into KeyboardInterrupt."""
+    """Count the stop signals and turn them into KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in _stop_signals():
         if signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
             signal.signal(sig, _interrupt)
 
@@ -47,8 +56,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def hangup_ignored() -> Iterator[None]:
-    """Processes started inside ignore SIGHUP (NOTE [ Trainer signals ]); main thread only."""
-    if threading.current_thread() is not threading.main_thread():
+    """Processes started inside ignore SIGHUP (NOTE [ Trainer signals ]); main thread only.
+    (Windows has no SIGHUP: a closed console ends its processes.)"""
+    if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)

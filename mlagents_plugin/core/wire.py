@@ -20,24 +20,25 @@
 #
 # Segments are named ``<prefix><generation>``, the prefix naming the trainer, the worker and its
 # incarnation, so that whoever outlives their creator can find and remove them: the worker when
-# it closes, the supervisor when it reaps a worker or closes, the trainer's reaper when the
-# trainer is killed, and any new reaper's sweep (NOTE [ No orphans ] in processes.py).
+# it closes; the supervisor when it reaps a worker or closes (``departed_segments``: the last
+# one the trainer was told of and the one after it, since a worker makes the next generation
+# while it serves a step, after unlinking the one before); and, with the Linux hardening, the
+# trainer's reaper when the trainer is killed and any new reaper's sweep, which list /dev/shm
+# (NOTE [ No orphans ] in processes.py). On Windows a segment goes with its last handle.
 """
 import math
-import os
-from multiprocessing import resource_tracker, shared_memory
+import sys
+from multiprocessing import shared_memory
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mlagents_envs.base_env import DecisionSteps, TerminalSteps
 
 from mlagents_plugin.core.protocol import EncodedSteps
-from mlagents_plugin.local.reaper import SEGMENT_ROOT
 
 SHARED_MEMORY_MIN_BYTES = 64 * 1024
-SEGMENT_PREFIX = SEGMENT_ROOT  # + trainer pid, manager token, worker id, incarnation
+SEGMENT_PREFIX = "mlap_"  # + trainer pid, manager token, worker id, incarnation, generation
 _ALIGN = 8
-_SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 
 
 def manager_prefix(trainer_pid: int, token: str) -> str:
@@ -157,6 +158,11 @@ class Decoder:
             results[name] = (decision, terminal)
         return results
 
+    @property
+    def segment_name(self) -> Optional[str]:
+        """The worker's segment its last reply named, if any."""
+        return self.segment.name if self.segment is not None else None
+
     def _segment(self, name: Optional[str]) -> Optional[shared_memory.SharedMemory]:
         if name is None:
             return None
@@ -171,32 +177,26 @@ class Decoder:
             self.segment = None
 
 
-def remove_segments(prefix: str, ours: bool = True) -> List[str]:
-    """Unlink every segment whose name starts with ``prefix``; return their names.
-
-    ``ours``: they were created by this manager's workers, which share this process's
-    multiprocessing resource tracker (every start method passes it on). The tracker would
-    unlink them again at exit, and warn about a leak, so they are forgotten there too. The file
-    is unlinked directly: attaching first would register it with the tracker once more, and a
-    worker closing at the same moment could leave that registration behind.
-    """
-    removed = []
-    for name in _segment_names(prefix):
-        try:
-            os.unlink(os.path.join(_SHM_DIR, name))
-        except FileNotFoundError:
-            continue  # its worker removed it (and told the tracker) first
-        if ours:
-            resource_tracker.unregister("/" + name, "shared_memory")
-        removed.append(name)
-    return removed
+def departed_segments(prefix: str, last_seen: Optional[str]) -> List[str]:
+    """The segments a worker incarnation whose names start with ``prefix`` may have left behind,
+    ``last_seen`` being the last one its replies named (NOTE [ Step wire format ])."""
+    generation = int(last_seen[len(prefix):]) if last_seen else 0
+    return [f"{prefix}{g}" for g in (generation, generation + 1) if g > 0]
 
 
-def _segment_names(prefix: str) -> List[str]:
+def unlink(name: str) -> bool:
+    """Remove segment ``name`` if it exists (nothing to do on Windows); call it only once its
+    worker is gone. Attaching registers it with this process's resource tracker, which the
+    worker shared, and ``unlink`` unregisters it: the tracker forgets it, as it should."""
+    if sys.platform == "win32":
+        return False
     try:
-        return sorted(n for n in os.listdir(_SHM_DIR) if n.startswith(prefix))
+        segment = shared_memory.SharedMemory(name=name)
     except FileNotFoundError:
-        return []
+        return False
+    segment.close()
+    segment.unlink()
+    return True
 
 
 def _padded(n: int) -> int:

@@ -15,7 +15,7 @@ from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
 
 from mlagents_plugin import fast_protobuf
-from mlagents_plugin.core import signals
+from mlagents_plugin.core import platform, signals
 from mlagents_plugin.core.settings import (
     SECTION,
     EnvManagerSettings,
@@ -54,7 +54,8 @@ class Run:
         self.settings = settings = parse_section(config.pop(SECTION, None))
         if settings.env is not None:
             python_envs.resolve(settings.env)  # fails here, before ML-Agents makes the run folder
-        if settings.enabled and settings.backend == "subprocess" and settings.start_method == "forkserver":
+        start_method = settings.start_method or platform.default_start_method()
+        if settings.enabled and settings.backend == "subprocess" and start_method == "forkserver":
             # What the env factory will need: the Python env's module, or UnityEnvironment.
             env_module = settings.env.partition(":")[0] if settings.env else "mlagents_envs.environment"
             start_fork_server([env_module])  # NOTE [ Worker start-up ]
@@ -89,8 +90,8 @@ class Run:
         path = write_effective_settings(settings, run_options, manager_class.__name__)
         described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
         logger.info(
-            f"Env manager: {manager_class.__name__} (mlagents-plugin) with {n_env} worker(s); "
-            f"{described}" + (f"; written to {path}" if path else "")
+            f"Env manager: {manager_class.__name__} (mlagents-plugin, {platform.path_name()}) with "
+            f"{n_env} worker(s); {described}" + (f"; written to {path}" if path else "")
         )
         return manager_class(env_factory, run_options, n_env, settings)
 

@@ -9,13 +9,12 @@ trainers: an actor that loads it stays light.
 import multiprocessing
 import os
 import secrets
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from mlagents_envs import logging_util
 
-from mlagents_plugin.core import factories, wire
+from mlagents_plugin.core import factories, platform, wire
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot
@@ -27,8 +26,8 @@ from mlagents_plugin.core.protocol import (
     pack,
     unpack_response,
 )
-from mlagents_plugin.local import processes
-from mlagents_plugin.local.readiness import Readiness
+from mlagents_plugin.local import hardening, processes
+from mlagents_plugin.local.readiness import WorkerConnection
 from mlagents_plugin.local.shutdown import Ladder
 from mlagents_plugin.local.worker import start_worker, worker_preload
 
@@ -39,7 +38,7 @@ class _Worker(NamedTuple):
     """A running worker process and the trainer's end of its pipe."""
 
     process: BaseProcess
-    conn: Optional[Connection]  # None once the worker closed its end
+    conn: Optional[WorkerConnection]  # None once the worker closed its end
 
 
 class ProcessBackend(Backend):
@@ -55,16 +54,22 @@ class ProcessBackend(Backend):
         self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None
         self._on_worker_timers = setup.on_worker_timers
         self._kill_grace_s = settings.kill_grace_s
-        self._readiness = Readiness()
+        self._hardening = hardening.layer(platform.hardened())  # NOTE [ Portable core, Linux hardening ]
+        self._readiness = self._hardening.readiness()
         self._ladder = Ladder(settings.shutdown_timeout_s, settings.kill_grace_s, self._readiness)
         self._workers: Dict[int, _Worker] = {}  # by worker id: the live incarnations
-        self._segments_of_departing: Dict[int, str] = {}  # worker id -> segment prefix
+        # worker id -> (segment prefix, the last segment its replies named), until it is reaped
+        self._segments_of_departing: Dict[int, Tuple[str, Optional[str]]] = {}
 
     def launch(self, slot: Slot, spec: WorkerSpec) -> None:
-        spec = spec._replace(owner_tag=self._owner_tag(slot), segment_prefix=self._segment_prefix(slot))
+        spec = spec._replace(
+            owner_tag=self._owner_tag(slot),
+            hardened=self._hardening.hardened,
+            segment_prefix=self._segment_prefix(slot),
+        )
         process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
-        processes.reaper.watch_worker(process.pid)  # NOTE [ No orphans ]
+        self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
         slot.placement = Placement(slot.worker_id, process.pid, "localhost")
         self._workers[slot.worker_id] = _Worker(process, conn)
         self._readiness.watch(process.sentinel, (slot, slot.incarnation, _SENTINEL))
@@ -95,7 +100,7 @@ class ProcessBackend(Backend):
         # tracker registration could then arrive after our unregistration (a "leak" at exit).
         prefix = self._segment_prefix(slot)
         if prefix is not None:
-            self._segments_of_departing[slot.worker_id] = prefix
+            self._segments_of_departing[slot.worker_id] = (prefix, slot.decoder.segment_name)
         self._readiness.forget(worker.process.sentinel)
         if worker.conn is not None:
             self._readiness.forget(worker.conn)
@@ -118,9 +123,12 @@ class ProcessBackend(Backend):
 
     def advance(self) -> None:
         self._ladder.advance()
-        for worker_id, prefix in list(self._segments_of_departing.items()):
+        self._remove_segments_of_departed()
+
+    def _remove_segments_of_departed(self) -> None:
+        for worker_id, (prefix, last_seen) in list(self._segments_of_departing.items()):
             if worker_id not in self._ladder:  # reaped: nobody creates segments under it any more
-                wire.remove_segments(prefix)
+                self._hardening.remove_segments(prefix, last_seen)
                 del self._segments_of_departing[worker_id]
 
     def close(self, interrupted: bool) -> None:
@@ -132,16 +140,7 @@ class ProcessBackend(Backend):
         self._ladder.run()
         self._readiness.close()
         self._kill_orphans()
-        self._remove_segments(self._segments)
-
-    @staticmethod
-    def _remove_segments(prefix: Optional[str]) -> None:
-        if prefix is not None:
-            wire.remove_segments(prefix)
-
-    def fileno(self) -> int:
-        """Readable while a worker has something to say or exited (for an event loop)."""
-        return self._readiness.fileno()
+        self._remove_segments_of_departed()
 
     def outcome(self, worker_id: int) -> str:
         return self._ladder.outcomes.get(worker_id, "was not running")
@@ -202,6 +201,10 @@ class ProcessBackend(Backend):
             conn.close()
             self._workers[slot.worker_id] = worker._replace(conn=None)
         if exited:
+            # A fork's or spawn's sentinel fires when the worker's descriptors are closed, a moment
+            # before the kernel has its exit status: join waits for that (multiprocessing's join
+            # does the same: the process is already in the kernel's exit path).
+            worker.process.join(SENTINEL_WAIT_S)
             exitcode = worker.process.exitcode
             error = WorkerDiedError(
                 f"{slot.label} {processes.describe_exit(exitcode)} "
@@ -223,5 +226,6 @@ def _send(worker: _Worker, data: bytes) -> None:
             pass
 
 
+SENTINEL_WAIT_S = 1.0  # what join waits for the sentinel, which has fired already
 _SENTINEL, _PIPE = "sentinel", "pipe"  # what woke the trainer, in Readiness data
 _LAST_WORDS = (EnvironmentCommand.ENV_EXITED, EnvironmentCommand.STOPPED)

@@ -26,7 +26,6 @@
 import enum
 import signal
 import time
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, List, Optional
 
@@ -37,7 +36,7 @@ from mlagents_plugin.core.lifecycle import Reason
 from mlagents_plugin.core.names import command_name, zombie_report
 from mlagents_plugin.core.protocol import EnvironmentCommand, unpack_response
 from mlagents_plugin.local import processes
-from mlagents_plugin.local.readiness import Readiness
+from mlagents_plugin.local.readiness import Readiness, WorkerConnection
 
 logger = logging_util.get_logger(__name__)
 
@@ -66,7 +65,7 @@ class _Departure:
         self,
         key: Any,
         process: BaseProcess,
-        conn: Optional[Connection],
+        conn: Optional[WorkerConnection],
         label: str,
         owner_tag: str,
         last_command: Optional[EnvironmentCommand],
@@ -98,7 +97,7 @@ class Ladder:
         self,
         key: Any,
         process: BaseProcess,
-        conn: Optional[Connection],
+        conn: Optional[WorkerConnection],
         label: str,
         owner_tag: str,
         last_command: Optional[EnvironmentCommand],

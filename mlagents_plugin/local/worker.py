@@ -10,7 +10,6 @@ import signal
 import sys
 import time
 import types
-from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -31,7 +30,7 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
-from mlagents_plugin.core import signals, wire
+from mlagents_plugin.core import platform, signals, wire
 from mlagents_plugin.core.errors import BuildNotFoundError
 from mlagents_plugin.core.protocol import (
     PARAMETER_METHODS,
@@ -45,8 +44,8 @@ from mlagents_plugin.core.protocol import (
     unpack_request,
     wrap_exception,
 )
-from mlagents_plugin.local import processes
-from mlagents_plugin.local.player_watch import PlayerWatch, hook_launches
+from mlagents_plugin.local import hardening, processes
+from mlagents_plugin.local.readiness import WorkerConnection
 
 logger = logging_util.get_logger(__name__)
 
@@ -55,10 +54,12 @@ TIMER_REPORT_INTERVAL_S = 1.0
 
 # NOTE [ Worker signals ]
 # SIGINT and SIGHUP: a Ctrl-C in a terminal, or the terminal's hangup, reaches the whole
-# foreground process group, workers included. Workers ignore both so that the trainer alone
-# decides how to stop: ML-Agents saves the model, then the env manager closes the workers in
-# order (CLOSE, then the ladder). A worker whose trainer is gone is the reaper's
-# (NOTE [ No orphans ]).
+# foreground process group, workers included (on Windows, a Ctrl-C reaches every process of the
+# console). Workers ignore both so that the trainer alone decides how to stop: ML-Agents saves
+# the model, then the env manager closes the workers in order (CLOSE, then the ladder). (The
+# portable player watch handles SIGINT instead, to wake the main thread when a player dies, and
+# ignores every other: NOTE [ Player death ].) A worker whose trainer is gone is the reaper's, on
+# Linux; elsewhere it finds its pipe closed and leaves (NOTE [ No orphans ]).
 # SIGTERM (the ladder's, or anyone's: ``kill PID``, earlyoom, a container runtime): the default
 # action would end the worker without running ``finally``, leaving its Unity player behind. The
 # handler raises SystemExit instead, so the env is closed and the player killed on the way out,
@@ -67,7 +68,9 @@ TIMER_REPORT_INTERVAL_S = 1.0
 # while the worker writes to its pipe: a message cut in half would corrupt the pipe for the
 # trainer; it raises right after the write instead. And it acts once: a second SIGTERM must not
 # cut the shutdown short (the ladder's SIGKILL bounds it). If the worker is stuck in native code
-# the handler cannot run; the ladder then escalates to SIGKILL and kills the tagged player.
+# the handler cannot run; the ladder then escalates to SIGKILL and kills the tagged player. (On
+# Windows the ladder's SIGTERM is TerminateProcess: no handler runs, and the ladder kills the
+# player it snapshotted.)
 class _Stop(SystemExit):
     """A signal asked the worker to stop."""
 
@@ -81,22 +84,26 @@ def _kill_descendants() -> None:
     processes.kill_processes(processes.descendants(os.getpid()), processes.LEFTOVER_GRACE_S)
 
 
-def worker_main(conn: Connection, spec: WorkerSpec) -> None:
+def worker_main(conn: WorkerConnection, spec: WorkerSpec) -> None:
     """Process entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Worker signals ]
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if sys.platform != "win32":
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     processes.tag_this_process(spec.owner_tag)
     logging_util.set_log_level(spec.log_level)
     _Worker(conn, spec).run()
 
 
 def worker_preload() -> List[str]:
-    """What a fork server imports once for all workers (NOTE [ Worker start-up ]); the env
-    factory's modules come on top (for a Unity build: mlagents-envs' UnityEnvironment)."""
-    return [__name__]
+    """What a fork server imports once for all workers (NOTE [ Worker start-up ]): this module and
+    the Linux layer its workers load (what the fork server has loaded, they share instead of each
+    holding its own); the env factory's modules come on top (for a Unity build: mlagents-envs'
+    UnityEnvironment)."""
+    linux = ["mlagents_plugin.local.linux.hardening", "mlagents_plugin.local.linux.players"]
+    return [__name__, *linux] if platform.hardened() else [__name__]
 
 
-def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, Connection]:
+def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, WorkerConnection]:
     """Start a worker process; return it and the trainer's end of its duplex pipe."""
     parent_conn, child_conn = context.Pipe(duplex=True)
     # typeshed's BaseContext has no Process; every concrete context (spawn, fork, forkserver) has one
@@ -156,7 +163,7 @@ def _short_repr(value: Any) -> str:
 
 
 class _Worker:
-    def __init__(self, conn: Connection, spec: WorkerSpec):
+    def __init__(self, conn: WorkerConnection, spec: WorkerSpec):
         self.conn = conn
         self.spec = spec
         self.env: Optional[BaseEnv] = None
@@ -166,8 +173,8 @@ class _Worker:
         self.engine_channel = EngineConfigurationChannel()
         self.engine_channel.set_configuration(spec.engine_config)
         self.analytics: Optional[_AnalyticsChannel] = None
-        self.players = PlayerWatch()
-        hook_launches(self.players.watch_launch)
+        self.players = hardening.layer(spec.hardened).player_watch()
+        self.players.hook_launches()
         self.encoder = wire.Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
@@ -209,7 +216,8 @@ class _Worker:
         except BaseException as exc:  # a signal, or the env's SystemExit/KeyboardInterrupt
             logger.debug(f"Env worker {self.spec.worker_id} stops: {exc!r}")
             signum = exc.signum if isinstance(exc, _Stop) else None
-            self._try_send(EnvironmentCommand.STOPPED, describe_stop(exc, self.command, signum))
+            report = describe_stop(exc, self.command, signum, env_built=self.env is not None)
+            self._try_send(EnvironmentCommand.STOPPED, report)
         finally:
             self._shut_down()
 

@@ -5,11 +5,13 @@ import logging
 import os
 import signal
 import sys
-from typing import List, Optional
+import threading
+from typing import Callable, List, Optional
+
+import psutil
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: it prints a notice on every close
 
-from mlagents_plugin.local import processes  # noqa: E402
 from mlagents_plugin.player import cli  # noqa: E402
 from mlagents_plugin.player.academy import Academy  # noqa: E402
 from mlagents_plugin.player.build import make_build  # noqa: E402
@@ -35,12 +37,13 @@ def run(argv: List[str]) -> int:
         _exit(0)
 
     if not args.survive_trainer:
-        processes.watch_parent(os.getppid(), launcher_gone)
+        _when_gone(os.getppid(), launcher_gone)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     academy = Academy(
         make_scene(args.scene, cli.scene_options(args)), communicator, args.mlagents_port, cli.faults(args)
     )
-    signal.signal(signal.SIGUSR1, academy.request_quit)
+    if sys.platform != "win32":
+        signal.signal(signal.SIGUSR1, academy.request_quit)
     try:
         academy.run()
         communicator.say_goodbye()
@@ -55,8 +58,7 @@ def run(argv: List[str]) -> int:
     except TrainerGone as e:
         if args.survive_trainer and not e.closed:
             logger.info(f"The trainer is gone ({e}); staying (--survive-trainer) until a signal.")
-            while True:
-                signal.pause()
+            threading.Event().wait()
         logger.info(f"The trainer is gone ({e}); quitting.")
         return 0
     except Exception:
@@ -65,6 +67,20 @@ def run(argv: List[str]) -> int:
     finally:
         logger.info(f"Played {academy.steps} steps.")
         communicator.close()
+
+
+def _when_gone(pid: int, on_death: Callable[[], None]) -> None:
+    """Call ``on_death`` from a daemon thread once process ``pid`` is gone (psutil waits on a
+    pidfd on Linux, kqueue on macOS, the process handle on Windows: no polling)."""
+
+    def wait() -> None:
+        try:
+            psutil.Process(pid).wait()
+        except psutil.NoSuchProcess:
+            pass
+        on_death()
+
+    threading.Thread(target=wait, name="launcher-watch", daemon=True).start()
 
 
 def _log_to(log_file: Optional[str]) -> None:

@@ -8,20 +8,31 @@ from mlagents_plugin.player.scenes import SCENES
 
 LAUNCHER = """#!/bin/sh
 # A Unity-build-like launcher for mlagents-plugin's headless player, scene "{scene}".
-# mlagents-envs runs it as: {name}.x86_64 [-nographics -batchmode] --mlagents-port N [-logFile F] [--env-args...]
+# mlagents-envs runs it as: {name} [-nographics -batchmode] --mlagents-port N [-logFile F] [--env-args...]
 # `exec` matters: mlagents-envs watches and kills the process it started, which must be the player.
 exec "{python}" -m mlagents_plugin.player run --scene {scene} "$@"
 """
 
 
-def make_build(directory: str, scene: str, name: str = "") -> Path:
-    """Write ``directory/name.x86_64`` (name defaults to the scene); ``--env=directory/name``
-    then works as with a Unity build. The launcher runs this Python interpreter."""
+def make_build(directory: str, scene: str, name: str = "", platform: str = sys.platform) -> Path:
+    """Write a launcher where mlagents-envs looks for a build on ``platform``, and return its
+    path: DIR/NAME.x86_64 on Linux, DIR/NAME.app/Contents/MacOS/NAME on macOS (NAME defaults to
+    the scene). ``--env=DIR/NAME`` then works as with a Unity build. The launcher runs this
+    Python interpreter."""
     if scene not in SCENES:
         raise ValueError(f"unknown scene {scene!r}; scenes: {', '.join(sorted(SCENES))}")
+    if platform == "win32":
+        raise ValueError(
+            "On Windows mlagents-envs starts a build as a .exe, which a launcher script cannot be: start "
+            "mlagents-learn without --env and the player by hand with mlagents-plugin-player, as with "
+            "the Editor (docs/player.md)."
+        )
     name = name or scene
-    os.makedirs(directory, exist_ok=True)
-    path = Path(directory) / f"{name}.x86_64"
-    path.write_text(LAUNCHER.format(scene=scene, name=name, python=sys.executable))
+    if platform == "darwin":
+        path = Path(directory) / f"{name}.app" / "Contents" / "MacOS" / name
+    else:
+        path = Path(directory) / f"{name}.x86_64"
+    os.makedirs(path.parent, exist_ok=True)
+    path.write_text(LAUNCHER.format(scene=scene, name=path.name, python=sys.executable))
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path

@@ -5,7 +5,6 @@ mlagents-envs starts a build as ``NAME.x86_64 [-nographics -batchmode] --mlagent
 Unity player ignores flags it does not know; so does this one (it logs them).
 """
 import argparse
-import signal
 from typing import List, Tuple
 
 from mlagents_plugin.player.academy import Faults
@@ -47,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     faults = p.add_argument_group("faults (for testing what happens when a build misbehaves)")
     faults.add_argument("--crash-after-steps", type=int, help="crash at this step")
     faults.add_argument("--crash-exit-code", type=int, default=3)
-    faults.add_argument("--crash-signal", choices=[s.name for s in (signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT)],
+    faults.add_argument("--crash-signal", choices=["SIGSEGV", "SIGKILL", "SIGABRT"],
                         help="crash by this signal instead of exiting")
     faults.add_argument("--hang-after-steps", type=int, help="stop answering at this step")
     faults.add_argument("--slow-start-s", type=float, default=0.0, help="wait this long before connecting")

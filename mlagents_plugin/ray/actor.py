@@ -16,6 +16,7 @@ from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple,
 import attr
 from mlagents_envs import logging_util
 
+from mlagents_plugin.core import platform
 from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason, Slot
@@ -91,8 +92,9 @@ class EnvHostActor:
         import ray  # this runs in a Ray worker; the module itself does not need Ray
 
         self._timers: List[Any] = []
-        # The actor's threads would be copied by a fork: workers come from its fork server.
-        settings = attr.evolve(settings, start_method="forkserver")
+        # The actor's threads would be copied by a fork: workers come from its fork server (or,
+        # on the portable path, are spawned).
+        settings = attr.evolve(settings, start_method=platform.default_start_method())
         self._backend = ProcessBackend(
             BackendSetup(
                 settings, n_env, pickled_env_factory, time.monotonic,

@@ -25,9 +25,9 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from mlagents_plugin.core import platform
 from mlagents_plugin.core.internals import Internal, verify
-from mlagents_plugin.local import processes
-from mlagents_plugin.local import reaper as reaper_script
+from mlagents_plugin.local import hardening, processes
 
 LOOPBACK = "127.0.0.1"
 _DEAD_PORT = "http://127.0.0.1:9"  # discard: nothing listens, so a connect is refused at once
@@ -93,9 +93,9 @@ def prepare_environment() -> str:
         ray_constants.ENABLE_RAY_CLUSTER = False
     # Short (see the NOTE), and named after this process, so that its reaper, or any later
     # reaper's sweep, removes it if this process is killed (NOTE [ No orphans ]).
-    parent, stem = os.path.split(reaper_script.DIR_ROOT)
+    parent, stem = os.path.split(processes.DIR_ROOT)
     root = tempfile.mkdtemp(prefix=f"{stem}{os.getpid()}-", dir=parent)
-    processes.reaper.remove_with_me(root)
+    hardening.layer(platform.hardened()).remove_with_me(root)
     os.environ["RAY_TMPDIR"] = root
     os.makedirs(os.path.join(root, "ray"))
     return os.path.join(root, "ray")

@@ -9,7 +9,7 @@ Every variant takes, besides SimpleEnvironment's arguments:
   env behaves (a restart is a new process: the marker is how it knows).
 """
 import builtins
-import fcntl
+import contextlib
 import os
 import random
 import re
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Type, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Type, Union
 
 from mlagents_envs.exception import UnityCommunicationException
 from mlagents_envs.side_channel.side_channel import SideChannel
@@ -173,6 +173,26 @@ def raising_factory(
     return factory
 
 
+@contextlib.contextmanager
+def _locked(file: Any) -> Iterator[None]:
+    """Hold an exclusive lock on ``file`` (released, too, if this process dies)."""
+    if sys.platform == "win32":
+        import msvcrt
+
+        file.seek(0)
+        msvcrt.locking(file.fileno(), msvcrt.LK_LOCK, 1)
+        try:
+            yield
+        finally:
+            file.seek(0)
+            msvcrt.locking(file.fileno(), msvcrt.LK_UNLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(file, fcntl.LOCK_EX)
+        yield  # released when the file is closed
+
+
 def _sleep_forever() -> None:
     while True:
         time.sleep(3600)
@@ -239,8 +259,7 @@ class RandomFaultEnvironment(SimpleEnvironment):
     def _log_fault(self, kind: str) -> bool:
         """Append the fault to the log, unless ``max_faults`` are in it already (locked: every
         worker writes to the same log)."""
-        with open(self.fault_log, "a+") as log:
-            fcntl.flock(log, fcntl.LOCK_EX)
+        with open(self.fault_log, "a+") as log, _locked(log):
             log.seek(0)
             if self.max_faults is not None and len(log.readlines()) >= self.max_faults:
                 return False

@@ -1,12 +1,12 @@
 """Exec a program that the kernel kills when the thread that started it ends.
 
 Run as ``python -I -S die_with_parent.py LAUNCHER_PID PROGRAM [ARG...]`` by a worker that
-launches a Unity player (NOTE [ Players die with their worker ] in player_watch.py). It sets
+launches a Unity player (NOTE [ Players die with their worker ] in players.py). It sets
 PR_SET_PDEATHSIG=SIGKILL, checks that its parent is still LAUNCHER_PID (had the launcher died
 before the prctl, the signal would never come), and execs PROGRAM in its own place: same pid,
 same session, same environment, file descriptors and signal dispositions as Popen gave it.
-Standard library only, so that it costs milliseconds. Linux only; if prctl fails, PROGRAM runs
-anyway (the reaper is the second line).
+Standard library only, so that it costs milliseconds. If prctl fails, PROGRAM runs anyway (the
+reaper is the second line).
 """
 import ctypes
 import errno
@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 from typing import List
+
+assert sys.platform == "linux"  # prctl (NOTE [ Portable core, Linux hardening ])
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -1,35 +1,50 @@
 """The reaper: cleans up after a process that supervises env workers, once that process is gone.
 
-Run as ``python -I -S reaper.py SUPERVISOR_PID OWNER_PREFIX SEGMENT_PREFIX``, in a session of its
-own, by ``processes.Reaper`` (see NOTE [ No orphans ] in processes.py). It forks once and lets
-its parent exit, so that it is nobody's child: whoever kills a dying process's children (Ray
-does, for its workers) does not find it. It uses the standard library only, so that it starts in
-milliseconds without site-packages.
-
-On its standard input the supervisor tells it, a line each:
-
-    worker PID STARTTIME    a worker process to take down, with its whole tree
-    dir PATH                a directory to remove (a Ray temp dir the supervisor made)
-
-When it starts, it sweeps: processes tagged by supervisors that are gone, their shared memory
-segments and their directories. When the supervisor is gone (a pidfd: no polling), it SIGKILLs
-every worker it was told of that still runs (checked by start time, so a reused pid is spared)
-and their descendants, and every process tagged with OWNER_PREFIX; then it removes the
-supervisor's segments and directories, says what it did on stderr if it did anything, and exits.
+# NOTE [ The reaper ]
+# Run as ``python -I -S reaper.py NAMES_JSON``, in a session of its own, by ``Reaper`` in
+# hardening.py (NOTE [ No orphans ] in local/processes.py). NAMES_JSON says whom it watches and what
+# is theirs: ``supervisor`` (a pid), ``owner_env`` (the variable workers are tagged with),
+# ``owner_root`` and ``owner_prefix`` (all supervisors' tags, this one's), ``segment_root`` and
+# ``segment_prefix`` (shared memory names, likewise), ``dir_root`` (Ray temp dirs). It forks once
+# and lets its parent exit, so that it is nobody's child: whoever kills a dying process's children
+# (Ray does, for its workers) does not find it. It uses the standard library only, and is passed
+# everything it needs, so that it starts in milliseconds without site-packages or the package.
+#
+# On its standard input the supervisor tells it, a line each:
+#
+#     worker PID STARTTIME    a worker process to take down, with its whole tree
+#     dir PATH                a directory to remove (a Ray temp dir the supervisor made)
+#
+# When it starts, it sweeps: processes tagged by supervisors that are gone, their shared memory
+# segments and their directories. When the supervisor is gone (a pidfd: no polling), it SIGKILLs
+# every worker it was told of that still runs (checked by start time, so a reused pid is spared)
+# and their descendants, and every process tagged with owner_prefix; then it removes the
+# supervisor's segments and directories, says what it did on stderr if it did anything, and exits.
 """
 import io
+import json
 import os
 import select
 import shutil
 import signal
 import sys
-from typing import Dict, List, Optional, Set, Tuple, cast
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple, cast
 
-OWNER_ENV = b"MLAGENTS_PLUGIN_OWNER="
-OWNER_ROOT = "mlagents-plugin/"  # + supervisor pid + "-" + token + "/" ...
-SEGMENT_ROOT = "mlap_"  # + supervisor pid + "_" ...
-DIR_ROOT = "/tmp/mlap-ray-"  # + supervisor pid + "-" ...
+assert sys.platform == "linux"  # /proc, pidfds (NOTE [ Portable core, Linux hardening ])
+
 SHM_DIR = "/dev/shm"
+
+
+class Names(NamedTuple):
+    """What the reaper is passed (NOTE [ The reaper ])."""
+
+    supervisor: int
+    owner_env: str
+    owner_root: str
+    owner_prefix: str
+    segment_root: str
+    segment_prefix: str
+    dir_root: str
 
 
 def starttime(pid: int) -> Optional[int]:
@@ -59,20 +74,21 @@ def _processes() -> Dict[int, int]:
     return found
 
 
-def _owner(pid: int) -> Optional[str]:
+def _owner(pid: int, owner_env: str) -> Optional[str]:
+    key = owner_env.encode() + b"="
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read()
     except OSError:
         return None
     for entry in environ.split(b"\0"):
-        if entry.startswith(OWNER_ENV):
-            return entry[len(OWNER_ENV):].decode(errors="replace")
+        if entry.startswith(key):
+            return entry[len(key):].decode(errors="replace")
     return None
 
 
-def _supervisor_of(owner: str) -> Optional[int]:
-    rest = owner[len(OWNER_ROOT):] if owner.startswith(OWNER_ROOT) else ""
+def _supervisor_of(owner: str, owner_root: str) -> Optional[int]:
+    rest = owner[len(owner_root):] if owner.startswith(owner_root) else ""
     pid = rest.partition("-")[0]
     return int(pid) if pid.isdigit() else None
 
@@ -122,23 +138,24 @@ def _remove_segments(prefix: str) -> List[str]:
     return removed
 
 
-def sweep() -> Tuple[List[int], List[str], List[str]]:
+def sweep(names: Names) -> Tuple[List[int], List[str], List[str]]:
     """Kill tagged processes of supervisors that are gone; remove their segments and dirs."""
     parents = _processes()
     orphans = set()
     for pid in parents:
-        owner = _owner(pid)
-        supervisor = _supervisor_of(owner) if owner else None
+        owner = _owner(pid, names.owner_env)
+        supervisor = _supervisor_of(owner, names.owner_root) if owner else None
         if supervisor is not None and _gone(supervisor, starttime(pid)):
             orphans.add(pid)
     killed = _kill(orphans)
     segments: List[str] = []
     for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else []:
-        owner_pid = name[len(SEGMENT_ROOT):].partition("_")[0] if name.startswith(SEGMENT_ROOT) else ""
+        root = names.segment_root
+        owner_pid = name[len(root):].partition("_")[0] if name.startswith(root) else ""
         if owner_pid.isdigit() and _gone(int(owner_pid), None):
             segments += _remove_segments(name)
     dirs = []
-    parent, stem = os.path.split(DIR_ROOT)
+    parent, stem = os.path.split(names.dir_root)
     for name in os.listdir(parent):
         owner_pid = name[len(stem):].partition("-")[0] if name.startswith(stem) else ""
         if owner_pid.isdigit() and _gone(int(owner_pid), None):
@@ -148,14 +165,14 @@ def sweep() -> Tuple[List[int], List[str], List[str]]:
 
 
 def main(argv: List[str]) -> int:
-    supervisor, owner_prefix, segment_prefix = int(argv[0]), argv[1], argv[2]
+    names = Names(**json.loads(argv[0]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the supervisor, not for us
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        watched = os.pidfd_open(supervisor)
+        watched = os.pidfd_open(names.supervisor)
     except ProcessLookupError:
         watched = None
-    sweep()
+    sweep(names)
     workers: Dict[int, int] = {}
     dirs: List[str] = []
     # unbuffered: select() must see what is not yet read (typeshed types stdin's buffer as BinaryIO)
@@ -181,15 +198,15 @@ def main(argv: List[str]) -> int:
     parents = _processes()
     alive = {pid for pid, start in workers.items() if starttime(pid) == start}
     doomed = _descendants(alive, parents)
-    doomed |= {pid for pid in parents if (_owner(pid) or "").startswith(owner_prefix)}
+    doomed |= {pid for pid in parents if (_owner(pid, names.owner_env) or "").startswith(names.owner_prefix)}
     killed = _kill(doomed)
-    segments = _remove_segments(segment_prefix)
+    segments = _remove_segments(names.segment_prefix)
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
     if killed or segments:
         try:
             sys.stderr.write(
-                f"[mlagents-plugin] process {supervisor} is gone; its reaper killed what it left "
+                f"[mlagents-plugin] process {names.supervisor} is gone; its reaper killed what it left "
                 f"running (pids {', '.join(map(str, killed)) or 'none'}) and removed "
                 f"{len(segments)} shared memory segment(s).\n"
             )

@@ -1,0 +1,101 @@
+"""What ``pip install mlagents-plugin`` gets: an sdist and a wheel built from this checkout hold
+everything a user runs, and nothing needs the checkout (docs/install.md)."""
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+# What a user runs from the wheel: the docs' configurations, the player, the pytest plugin, the
+# .pth that serves protobuf 6 to mlagents-envs on Python 3.11, the Linux hardening's scripts.
+IN_THE_WHEEL = [
+    "mlagents_plugin/config/goal_player.yaml",
+    "mlagents_plugin/config/simple_python_env.yaml",
+    "mlagents_plugin/player/__main__.py",
+    "mlagents_plugin/testing/pytest_plugin.py",
+    "mlagents_plugin/local/linux/reaper.py",
+    "mlagents_plugin/local/linux/die_with_parent.py",
+    "mlagents_plugin_fast_protobuf.pth",
+]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """``python -m build``: an sdist, and a wheel built from that sdist (as pip does from PyPI)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], check=True, capture_output=True)
+    return out
+
+
+def _wheel_files(wheel: Path):
+    with zipfile.ZipFile(wheel) as archive:
+        return sorted(archive.namelist())
+
+
+def test_the_wheel_holds_everything_a_user_runs(built):
+    [wheel] = built.glob("*.whl")
+    files = _wheel_files(wheel)
+    for name in IN_THE_WHEEL:
+        assert name in files
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read("mlagents_plugin-0.1.0.dist-info/METADATA").decode()
+        entry_points = archive.read("mlagents_plugin-0.1.0.dist-info/entry_points.txt").decode()
+    assert "Requires-Python: >=3.10" in metadata
+    assert "Requires-Dist: setuptools<81" in metadata
+    assert 'Requires-Dist: grpcio>=1.49; python_version >= "3.11"' in metadata
+    assert "mlagents_plugin = mlagents_plugin.integration.entry:register" in entry_points
+    assert "mlagents_plugin = mlagents_plugin.testing.pytest_plugin" in entry_points
+
+
+def test_a_wheel_built_from_a_clone_matches_the_one_from_the_sdist(built, tmp_path):
+    """``pip install .`` from a clone builds the wheel ``pip install mlagents-plugin`` gets."""
+    [sdist] = built.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        assert any(name.endswith("/config/goal_player.yaml") for name in archive.getnames())
+    clone = tmp_path / "clone"  # this checkout's files, as a fresh clone has them (no build/ of earlier builds)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    ).stdout.split()
+    for name in listed:
+        if (REPO / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(clone)],
+        check=True, capture_output=True,
+    )
+    [from_clone] = tmp_path.glob("*.whl")
+    [from_sdist] = built.glob("*.whl")
+    assert _wheel_files(from_clone) == _wheel_files(from_sdist)
+
+
+def test_the_installed_wheel_needs_no_checkout(built, tmp_path):
+    """Installed elsewhere, the examples come from the package, not from this checkout."""
+    [wheel] = built.glob("*.whl")
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True, capture_output=True,
+    )
+    code = "import mlagents_plugin.examples as e; print(e.config_file('goal_player.yaml'))"
+    found = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    ).stdout.strip()
+    assert Path(found) == target / "mlagents_plugin" / "config" / "goal_player.yaml"
+    written = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); "
+         "from mlagents_plugin.__main__ import main; main(['examples', 'out'])"],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert (tmp_path / "out" / "config" / "simple_python_env.yaml").read_text() == (
+        target / "mlagents_plugin" / "config" / "simple_python_env.yaml"
+    ).read_text(), written.stdout
+    assert (tmp_path / "out" / "builds" / "goal.x86_64").exists()
