@@ -53,10 +53,11 @@ INTERNALS = [
     Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "", "self._last_step_result"),
     Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "", "self._last_take_action_outputs"),
     Internal("mlagents.trainers.agent_processor:AgentProcessor.__init__", "", "self._episode_steps"),
-    # replaced in worker processes by local/player_watch.py (which must not import this module: torch)
+    # replaced in worker processes by local/player_watch.py and, on Linux, local/linux/players.py
+    # (which must not import this module: torch)
     Internal("mlagents_envs.env_utils:launch_executable", "replaced: watches each player it launches"),
     Internal("mlagents_envs.env_utils:launch_executable", "starts the player through its module's subprocess, "
-             "which player_watch.py replaces: the player dies with its worker", "subprocess.Popen("),
+             "which linux/players.py replaces: the player dies with its worker", "subprocess.Popen("),
     Internal("mlagents_envs.environment:UnityEnvironment.__init__", "launches via env_utils.launch_executable",
              "launch_executable("),
 ]
