@@ -187,6 +187,7 @@ class _Worker:
         self.sending = True  # NOTE [ Worker signals ]: no SIGTERM in the middle of a message
         try:
             self.conn.send_bytes(data)
+            self.command = None  # answered: a stop from now on comes between requests
         finally:
             self.sending = False
         if self.stop_signal is not None and not self.stopping:
