@@ -9,6 +9,7 @@ when (``faults``: (kind, step), step 0 meaning while it builds its env).
 """
 import heapq
 import itertools
+import signal
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import cloudpickle
@@ -156,14 +157,26 @@ class FakeBackend(Backend):
         # Raised by release() or close() when set: a backend that fails while closing.
         self.release_error: Optional[Exception] = None
         self.close_error: Optional[Exception] = None
+        # A real SIGINT (Ctrl-C) at the start of the n-th call of a method: {"launch": 2}
+        self.interrupt_at: Dict[str, int] = {}
+        self._calls: Dict[str, int] = {}
+        self.closes: List[bool] = []  # each close(interrupted)'s argument
+        self.hurried = 0
         self._due: List[Tuple[float, int, Event]] = []  # heap of (time, order, event)
         self._order = itertools.count()
+        self._stop_in_next_wait_s = 0.0
 
     @classmethod
     def of(cls, script: Script) -> Callable[[BackendSetup], "FakeBackend"]:
         return lambda setup: cls(setup, script)
 
+    def _maybe_interrupted(self, method: str) -> None:
+        self._calls[method] = self._calls.get(method, 0) + 1
+        if self.interrupt_at.get(method) == self._calls[method]:
+            signal.raise_signal(signal.SIGINT)  # its handler runs now, or when it is no longer held
+
     def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+        self._maybe_interrupted("launch")
         self.launches.append((slot.worker_id, spec.incarnation, spec.env_worker_id, self.clock.now))
         worker = _FakeWorker(slot, spec, self.script(spec.worker_id, spec.incarnation), self.clock.now)
         self.workers[slot.worker_id] = worker
@@ -180,8 +193,24 @@ class FakeBackend(Backend):
             if event is not None:
                 heapq.heappush(self._due, (when, next(self._order), event))
 
+    def stop_everything(self, seconds: float, in_next_wait: bool = True) -> None:
+        """Ctrl-Z, then `fg` ``seconds`` later: the trainer and every worker stop together and go
+        on where they were. The trainer stops in its next wait, or (``in_next_wait=False``) now,
+        between two waits."""
+        if in_next_wait:
+            self._stop_in_next_wait_s = seconds
+            return
+        self.clock.now += seconds
+        self._due = [(when + seconds, order, event) for when, order, event in self._due]
+        for worker in self.workers.values():
+            worker.free_at += seconds
+
     def wait(self, timeout: float) -> List[Event]:
-        until = self.clock.now + timeout
+        started = self.clock.now
+        if self._stop_in_next_wait_s:
+            self.stop_everything(self._stop_in_next_wait_s, in_next_wait=False)
+            self._stop_in_next_wait_s = 0.0
+        until = max(self.clock.now, started + timeout)
         if self._due and self._due[0][0] <= until:
             self.clock.now = max(self.clock.now, self._due[0][0])
         else:
@@ -192,6 +221,7 @@ class FakeBackend(Backend):
         return events
 
     def release(self, slot: Slot, reason: Reason) -> None:
+        self._maybe_interrupted("release")
         if self.release_error is not None:
             raise self.release_error
         worker = self.workers.pop(slot.worker_id)
@@ -208,9 +238,15 @@ class FakeBackend(Backend):
         return min(pending, default=None)
 
     def close(self, interrupted: bool) -> None:
+        self.closes.append(interrupted)
+        self._maybe_interrupted("close")
         if self.close_error is not None:
             raise self.close_error
         self.closed = True
+
+    def hurry(self) -> bool:
+        self.hurried += 1
+        return True
 
     def outcome(self, worker_id: int) -> str:
         return self.outcomes.get(worker_id, "was not running")

@@ -40,21 +40,36 @@ def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "section, expected",
+    "section, args, expected",
     [
-        ({"shutdwon_timeout_s": 3}, "Unknown setting 'shutdwon_timeout_s'"),
-        ({"kill_grace_s": "soon"}, "'kill_grace_s' must be <class 'float'>"),
-        ({"start_method": "threads"}, "'start_method' must be one of forkserver, spawn, fork (got 'threads')"),
-        ({"step_timeout_s": -1}, "'step_timeout_s' must be > 0"),
-        ("fast", "must be a mapping of settings"),
+        ({"shutdwon_timeout_s": 3}, [], "env_manager: unknown setting 'shutdwon_timeout_s'; the settings are "
+         "enabled, backend, start_method"),
+        ({"kill_grace_s": "soon"}, [], "env_manager.kill_grace_s: expected a number of seconds above 0, at most "
+         "86400 (one day), got 'soon'"),
+        ({"start_method": "threads"}, [],
+         "env_manager.start_method: expected one of forkserver, spawn, fork, got 'threads'"),
+        ({"step_timeout_s": -1}, [], "env_manager.step_timeout_s: expected a number of seconds above 0, at most "
+         "86400 (one day), got -1.0"),
+        ("fast", [], "env_manager: expected a mapping of settings (enabled, backend,"),
+        ({}, ["--num-envs=0"], "--num-envs 0: a run needs at least one env"),
+        ({}, ["--num-envs=-3"], "--num-envs -3: a run needs at least one env"),
     ],
-    ids=["unknown-key", "wrong-type", "bad-choice", "negative", "not-a-mapping"],
+    ids=["unknown-key", "wrong-type", "bad-choice", "negative", "not-a-mapping", "no-envs", "negative-envs"],
 )
-def test_invalid_section_stops_the_run_before_anything_starts(tmp_path, section, expected):
-    result = run_learn(tmp_path, python_env_config(tmp_path, section), "--num-envs=2", timeout=100)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert "TrainerConfigError" in output and expected in output
-    if "Unknown" in expected:
-        assert "Valid settings are: enabled, backend, start_method" in output
+def test_a_configuration_error_is_one_line_before_anything_starts(tmp_path, section, args, expected):
+    config = python_env_config(tmp_path, section if section else None)
+    result = run_learn(tmp_path, config, *(args or ["--num-envs=2"]), timeout=100)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "Warning" not in line and "pkg_resources" not in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f"mlagents-learn: configuration error: {expected}")
+    assert errors[0].endswith("(--debug shows where)")
+    assert "Traceback" not in result.stdout + result.stderr
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.timeout(120)
+def test_debug_shows_where_a_configuration_error_was_raised(tmp_path):
+    result = run_learn(tmp_path, python_env_config(tmp_path, {"kill_grace_s": "soon"}), "--debug", timeout=100)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "ConfigError: env_manager.kill_grace_s: expected" in result.stderr

@@ -4,6 +4,8 @@ steps, resets during restarts, stale replies, close, and random fault schedules;
 invariants are checked after every pump (MLAGENTS_PLUGIN_CHECK, set by conftest.py)."""
 import logging
 import os
+import signal
+import time
 from typing import List
 
 import pytest
@@ -35,7 +37,8 @@ def test_the_suite_checks_invariants():
 
 
 class Harness:
-    def __init__(self, script=None, n_env=2, run_options=None, departure_s=0.05, **settings):
+    def __init__(self, script=None, n_env=2, run_options=None, departure_s=0.05, cpu_clock=time.process_time,
+                 **settings):
         self.clock = FakeClock()
         self.run_options = run_options or RunOptions()
         self.backends: List[FakeBackend] = []
@@ -46,7 +49,7 @@ class Harness:
 
         self.manager = SupervisedManagerBase(
             make_factory(SimpleEnvironment), self.run_options, n_env,
-            EnvManagerSettings(**settings), backend, self.clock,
+            EnvManagerSettings(**settings), backend, self.clock, cpu_clock,
         )
         self.backend = self.backends[0]
 
@@ -108,6 +111,49 @@ def test_a_hung_step_is_declared_hung_exactly_at_step_timeout(harness, step_time
     assert h.backend.released[-1] == (1, 0, Reason.HUNG)
     hung_step_sent = [t for w, c, t in h.backend.deliveries if w == 1 and c is EnvironmentCommand.STEP][-1]
     assert h.clock.now == pytest.approx(hung_step_sent + step_timeout_s)  # the wait was bounded by the deadline
+
+
+@pytest.mark.parametrize("in_next_wait", [True, False], ids=["stopped-in-a-wait", "stopped-between-waits"])
+def test_ctrl_z_of_the_whole_group_is_nobodys_hang(harness, in_next_wait):
+    """Trainer and workers stopped together for 4x step_timeout_s, then resumed: no worker was
+    silent while the trainer watched (NOTE [ Time nobody watched ])."""
+    cpu = FakeClock()  # the trainer's CPU time: it does not run while stopped
+    h = harness(lambda w, i: Behavior(step_s=0.2 + 0.07 * w), step_timeout_s=10.0, cpu_clock=cpu)
+    h.manager.reset()
+    h.step_until(lambda: h.clock.now > 1005)
+    stopped_at = h.clock.now
+    h.backend.stop_everything(40.0, in_next_wait)
+    h.step_until(lambda: h.clock.now > stopped_at + 40 + 12)
+    assert h.backend.released == [] and h.manager.restart_counts == {}
+
+
+def test_a_trainer_busy_between_waits_still_sees_a_hang(harness):
+    """Time the trainer spent working (its CPU time advanced) is watched time: a worker that
+    hung meanwhile is declared hung at the trainer's next wait."""
+    cpu = FakeClock()
+    h = harness(behave(w1=Behavior(fault=("hang", 3))), run_options=quota(lifetime=0), step_timeout_s=10.0,
+                cpu_clock=cpu)
+    h.manager.reset()
+    h.step_until(lambda: h.manager._slots[1].awaiting is EnvironmentCommand.STEP and h.backend.deliveries[-1][0] == 0)
+    h.clock.now += 30.0  # a long policy update
+    cpu.now += 30.0
+    with pytest.raises(WorkerTimeoutError, match="did not answer STEP within step_timeout_s=10.0"):
+        h.manager.get_steps()
+
+
+def test_a_worker_stopped_alone_is_hung_though_the_trainer_was_stopped_before(harness):
+    """A gap delays deadlines only by its own length: worker 1 stops alone after the group was
+    resumed, and is declared hung step_timeout_s after its last request."""
+    cpu = FakeClock()
+    h = harness(behave(w0=Behavior(step_s=0.25), w1=Behavior(fault=("hang", 30))), run_options=quota(lifetime=0),
+                step_timeout_s=10.0,
+                cpu_clock=cpu)
+    h.manager.reset()
+    h.backend.stop_everything(40.0)
+    with pytest.raises(WorkerTimeoutError):
+        h.step_until(lambda: False)
+    hung_step_sent = [t for w, c, t in h.backend.deliveries if w == 1 and c is EnvironmentCommand.STEP][-1]
+    assert h.clock.now == pytest.approx(hung_step_sent + 10.0)
 
 
 def test_a_worker_hung_while_building_times_out_at_startup_timeout(harness):
@@ -288,6 +334,53 @@ def test_a_second_interrupt_releases_every_worker_at_once(harness, monkeypatch):
     monkeypatch.setattr(signals, "_interrupts", 2)
     h.manager.close()
     assert sorted(h.backend.released) == [(0, 0, Reason.INTERRUPTED), (1, 0, Reason.INTERRUPTED)]
+
+
+# NOTE [ Trainer signals ]: a Ctrl-C at every point of construction and close. The fake backend
+# raises a real SIGINT at the start of its n-th launch, release or close; held or not, the
+# manager must end in order: every started worker released, the backend closed, no other error.
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ctrl_c_while_the_workers_are_launched_releases_every_started_one(n):
+    backends = []
+
+    def backend(setup):
+        backends.append(FakeBackend(setup, behave()))
+        backends[-1].interrupt_at = {"launch": n}
+        return backends[-1]
+
+    with pytest.raises(KeyboardInterrupt):
+        SupervisedManagerBase(make_factory(SimpleEnvironment), RunOptions(), 3, EnvManagerSettings(), backend,
+                              FakeClock())
+    fake = backends[0]
+    assert len(fake.launches) == n  # the interrupted launch was finished, then the interrupt raised
+    assert fake.workers == {} and len(fake.released) == n and fake.closed
+
+
+@pytest.mark.parametrize("method, n", [("release", 1), ("release", 2), ("close", 1)])
+def test_a_first_ctrl_c_while_closing_hurries_the_close_and_it_ends_in_order(harness, method, n):
+    h = harness(n_env=2)
+    h.manager.reset()
+    h.backend.interrupt_at = {method: n}
+    h.manager.close()  # returns
+    assert h.backend.workers == {} and sorted(r[0] for r in h.backend.released) == [0, 1]
+    assert {r[2] for r in h.backend.released} == {Reason.CLOSE}
+    assert h.backend.hurried == 1 and h.backend.closes[-1] is False and h.backend.closed
+
+
+def test_a_second_ctrl_c_while_closing_kills_at_once(harness, monkeypatch):
+    h = harness(n_env=2)
+    h.manager.reset()
+    monkeypatch.setattr(signals, "_interrupts", 1)  # the Ctrl-C that ended training
+    previous = signal.signal(signal.SIGINT, signals._interrupt)
+    try:
+        h.backend.interrupt_at = {"release": 1}
+        h.manager.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert h.backend.workers == {} and h.backend.hurried == 0
+    assert h.backend.closes[-1] is True and h.backend.closed
 
 
 def close_summaries(caplog):

@@ -105,5 +105,5 @@ def test_bad_env_spec_is_explained(spec, expected, tmp_path, monkeypatch):
 @pytest.mark.fast
 @pytest.mark.parametrize("spec", [":", "module:", ":factory", "a:b:c", "no_colon"])
 def test_env_spec_must_name_a_module_and_a_factory(spec):
-    with pytest.raises(TrainerConfigError, match="'env' must look like 'package.module:factory'"):
+    with pytest.raises(TrainerConfigError, match="env_manager.env: expected 'package.module:factory'"):
         parse_section({"env": spec})

@@ -266,9 +266,9 @@ def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("env_manager, words", [
-    ({"shutdown_timeout_s": float("inf")}, "'shutdown_timeout_s' must be a finite number of seconds"),
+    ({"shutdown_timeout_s": float("inf")}, "env_manager.shutdown_timeout_s: expected a number of seconds above 0"),
     ({"enabled": False, "env": "mlagents_plugin.testing:simple_env"}, "'env' needs the plugin, but 'enabled' is false"),
-    ({"env": ":"}, "'env' must look like 'package.module:factory'"),
+    ({"env": ":"}, "env_manager.env: expected 'package.module:factory', got ':'"),
     ({"env": "no_such_env_module:make"}, "there is no module 'no_such_env_module'"),
 ], ids=["inf", "disabled-with-env", "colon", "missing-module"])
 def test_what_cannot_work_stops_mlagents_learn_before_anything_starts(tmp_path, env_manager, words):
@@ -278,5 +278,5 @@ def test_what_cannot_work_stops_mlagents_learn_before_anything_starts(tmp_path, 
     config = write_config(tmp_path, "simple_python_env.yaml", edit)
     result = run_learn(tmp_path, config, "--num-envs=2", timeout=120)
     assert result.returncode != 0
-    assert "TrainerConfigError" in result.stderr and words in result.stderr, result.stderr[-3000:]
+    assert "mlagents-learn: configuration error: " in result.stderr and words in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / "results" / "run").exists()  # the fixed YAML runs again without --force

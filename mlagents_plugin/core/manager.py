@@ -45,6 +45,7 @@ from mlagents_plugin.core.protocol import (
 from mlagents_plugin.core.restart import Cause, RestartPolicy
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.core.stats import HealthStats
+from mlagents_plugin.core.watched import WatchedClock
 from mlagents_plugin.integration import compat
 
 logger = logging_util.get_logger(__name__)
@@ -68,9 +69,11 @@ class SupervisedManagerBase(EnvManager):
         settings: Optional[EnvManagerSettings],
         backend: Callable[[BackendSetup], Backend],
         clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.process_time,
     ):
-        """``backend`` builds the transport (a Backend subclass); ``clock`` is injected by the
-        fast tests. Every worker is started before this returns."""
+        """``backend`` builds the transport (a Backend subclass); ``clock`` and ``cpu_clock`` (this
+        process's CPU time) are injected by the fast tests. Every worker is started before this
+        returns."""
         super().__init__()
         if not callable(env_factory):
             raise TypeError(
@@ -83,6 +86,7 @@ class SupervisedManagerBase(EnvManager):
         self._startup_timeout_s: float = self.settings.startup_timeout_s  # resolved: never None
         self._step_timeout_s: float = self.settings.step_timeout_s
         self._clock = clock
+        self._watched = WatchedClock(clock, cpu_clock)  # the deadlines': NOTE [ Time nobody watched ]
         other_machines = getattr(backend, "WORKERS_ON_OTHER_MACHINES", False)
         self._pickled_factory = factories.dumps_factory(env_factory, other_machines=other_machines)
         self.env_parameters: Optional[Dict] = None
@@ -190,35 +194,33 @@ class SupervisedManagerBase(EnvManager):
         """Close every worker, bounded: CLOSE, then the backend's ladder. Idempotent.
 
         It never raises: ``mlagents-learn`` writes its run logs (timers, training status) after
-        it, and a second Ctrl-C here has done its job once the workers are killed.
+        it. A first interrupt while closing hurries the close along (workers still busy get
+        SIGTERM, which makes them close their envs now; envs already closing finish); a second
+        one kills every worker at once (NOTE [ Trainer signals ]).
         """
         if self._closed:
             return
         self._closed = True
         _open_managers.discard(self)
-        interrupted = signals.interrupted_twice()  # NOTE [ Trainer signals ]
         try:
-            for slot in self._slots:
-                if slot.live:
-                    if interrupted:
-                        reason = Reason.INTERRUPTED
-                    elif slot.state is WorkerState.STARTING:
-                        reason = Reason.BUILDING
-                    else:
-                        reason = Reason.CLOSE
-                    slot.sent(EnvironmentCommand.CLOSE)
-                    try:
-                        self._backend.release(slot, reason)
-                    except Exception:  # the others are still to be released, and the backend closed
-                        logger.exception(f"Releasing {slot.label} failed.")
-                slot.close()
-            self._backend.close(interrupted)
+            try:
+                self._close_workers(signals.interrupted_twice())
+            except KeyboardInterrupt:
+                if signals.interrupted_twice() or not self._backend.hurry():
+                    raise
+                logger.warning(
+                    "Interrupted while closing: env workers still busy are asked to stop (SIGTERM) "
+                    "and close their envs now; envs already closing finish. Ctrl-C again kills them."
+                )
+                self._close_workers(False)
         except KeyboardInterrupt:
             logger.warning("Interrupted again while closing: killing the env workers now.")
-            try:
-                self._backend.close(interrupted=True)
-            except KeyboardInterrupt:
-                pass
+            for _ in range(3):  # each further Ctrl-C lands between two releases: go on from there
+                try:
+                    self._close_workers(True)
+                    break
+                except KeyboardInterrupt:
+                    pass
         except Exception:
             logger.exception(f"Closing the env workers of this {type(self).__name__} failed.")
         finally:
@@ -228,6 +230,26 @@ class SupervisedManagerBase(EnvManager):
                     f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
                     f"its last process {self._backend.outcome(slot.worker_id)}."
                 )
+
+    def _close_workers(self, interrupted: bool) -> None:
+        """Release every live slot, then finish the backend's ladder; where an interrupt stopped
+        an earlier call, this one goes on."""
+        for slot in self._slots:
+            if slot.live:
+                if interrupted:
+                    reason = Reason.INTERRUPTED
+                elif slot.state is WorkerState.STARTING:
+                    reason = Reason.BUILDING
+                else:
+                    reason = Reason.CLOSE
+                with signals.deferred():  # NOTE [ Trainer signals ]: never half released
+                    slot.sent(EnvironmentCommand.CLOSE)
+                    try:
+                        self._backend.release(slot, reason)
+                    except Exception:  # the others are still to be released, and the backend closed
+                        logger.exception(f"Releasing {slot.label} failed.")
+                    slot.close()
+        self._backend.close(interrupted)
 
     # ------------------------------------------------------------------------ stepping
 
@@ -286,8 +308,13 @@ class SupervisedManagerBase(EnvManager):
     # ------------------------------------------------------------------ worker lifecycle
 
     def _launch(self, slot: Slot) -> None:
-        slot.launch(self._clock(), self._startup_timeout_s)
-        self._backend.launch(slot, self._worker_spec(slot))
+        with signals.deferred():  # NOTE [ Trainer signals ]: no process nobody knows of
+            slot.launch(self._watched.now(), self._startup_timeout_s)
+            try:
+                self._backend.launch(slot, self._worker_spec(slot))
+            except BaseException:
+                slot.close()  # nothing of it runs: nothing to release
+                raise
 
     def _worker_spec(self, slot: Slot) -> WorkerSpec:
         """What the slot's new incarnation starts with; the backend fills in its own part."""
@@ -312,7 +339,7 @@ class SupervisedManagerBase(EnvManager):
 
     def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         """Send a request that has a reply (STEP, RESET), and start its clock."""
-        slot.request(cmd, self._clock(), self._step_timeout_s)
+        slot.request(cmd, self._watched.now(), self._step_timeout_s)
         self._send(slot, cmd, payload)
 
     # ------------------------------------------------------------------------- events
@@ -333,22 +360,30 @@ class SupervisedManagerBase(EnvManager):
     def _pump(self) -> None:
         """Wait once (bounded) for replies, deaths and deadlines, and handle them."""
         self._check_usable()
-        for event in self._backend.wait(self._time_to_next_deadline()):
-            slot = event.slot
-            if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
-                if isinstance(event, Reply):
-                    self._handle(slot, event)
-                else:
-                    self._fail(slot, event.error)
-        self._backend.advance()
-        self._check_deadlines()
-        self._start_due_restarts()
-        if CHECK_INVARIANTS:
-            for slot in self._slots:
-                slot.check()
+        self._watched.entered()
+        try:
+            bound_s, started = self._time_to_next_deadline(), self._clock()
+            events = self._backend.wait(bound_s)
+            self._watched.waited(bound_s, started)
+            for event in events:
+                slot = event.slot
+                if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
+                    if isinstance(event, Reply):
+                        self._handle(slot, event)
+                    else:
+                        self._fail(slot, event.error)
+            self._backend.advance()
+            self._check_deadlines()
+            self._start_due_restarts()
+            if CHECK_INVARIANTS:
+                for slot in self._slots:
+                    slot.check()
+        finally:
+            self._watched.left()
 
     def _time_to_next_deadline(self) -> float:
-        deadlines = [s.deadline for s in self._slots if s.deadline is not None]
+        watched_now, now = self._watched.now(), self._clock()
+        deadlines = [now + s.deadline - watched_now for s in self._slots if s.deadline is not None]
         deadlines += [  # a restart waiting for its predecessor to go waits on the backend's deadline
             s.restart_at
             for s in self._slots
@@ -359,14 +394,14 @@ class SupervisedManagerBase(EnvManager):
             deadlines.append(backend_deadline)
         if not deadlines:
             return MAX_WAIT_S
-        return min(MAX_WAIT_S, max(0.0, min(deadlines) - self._clock()))
+        return min(MAX_WAIT_S, max(0.0, min(deadlines) - now))
 
     def _handle(self, slot: Slot, reply: Reply) -> None:
         response = reply.response
         if response.cmd is EnvironmentCommand.READY:
             hello: WorkerHello = response.payload
             slot.behavior_specs.update(hello.behavior_specs or {})
-            slot.ready(hello.pid, self._clock(), self._step_timeout_s)
+            slot.ready(hello.pid, self._watched.now(), self._step_timeout_s)
         elif response.cmd in (EnvironmentCommand.STEP, EnvironmentCommand.RESET):
             payload: StepPayload = response.payload
             if payload.behavior_specs:
@@ -376,7 +411,7 @@ class SupervisedManagerBase(EnvManager):
             if response.cmd is EnvironmentCommand.RESET:
                 slot.previous_all_action_info = {}
             else:
-                self._health.stepped(slot.worker_id, self._clock() - slot.sent_at)
+                self._health.stepped(slot.worker_id, self._watched.now() - slot.sent_at)
             step = EnvironmentStep(
                 slot.decoder.decode(payload.all_step_result),
                 slot.worker_id,
@@ -392,7 +427,7 @@ class SupervisedManagerBase(EnvManager):
             self._fail(slot, error_from_stop(response.payload, slot.label, slot.worker_id, slot.pid))
 
     def _check_deadlines(self) -> None:
-        now = self._clock()
+        now = self._watched.now()
         for slot in self._slots:
             if slot.live and slot.deadline is not None and now >= slot.deadline:
                 if slot.state is WorkerState.STARTING:
@@ -423,7 +458,8 @@ class SupervisedManagerBase(EnvManager):
         """
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
-        self._backend.release(slot, reason)
+        with signals.deferred():
+            self._backend.release(slot, reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
             self._move_to_another_port(slot)

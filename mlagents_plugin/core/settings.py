@@ -7,7 +7,7 @@ naming the key and the valid ones. See docs/configuration.md for every setting a
 import math
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import attr
 import yaml
@@ -31,35 +31,61 @@ MAX_DURATION_S = 24 * 3600.0
 MAX_ENVS_PER_WORKER = 256
 
 
+class SettingError(ValueError):
+    """One setting's value refused, in words: ``expected ..., got ...``."""
+
+    def __init__(self, name: str, text: str):
+        super().__init__(f"{name}: {text}")
+        self.name, self.text = name, text
+
+
+class ConfigError(TrainerConfigError):
+    """The ``env_manager:`` section (or what it names) cannot work; ``mlagents-learn`` shows the
+    message as one line, and the traceback only under ``--debug`` (compat.install_config_errors)."""
+
+
+Validator = Callable[[Any, "attr.Attribute", Any], None]
+
+
+def _expect(expected: str, ok: Callable[[Any], bool], optional: bool = False) -> Validator:
+    """A validator refusing what ``ok`` refuses with "expected <expected>, got <value>"."""
+
+    def validate(instance: Any, attribute: "attr.Attribute", value: Any) -> None:
+        if not (optional and value is None) and not ok(value):
+            raise SettingError(attribute.name, f"expected {expected}, got {value!r}")
+
+    return validate
+
+
 def _float(value: Any) -> Any:
     """YAML reads ``5`` as an int; accept it for a float setting (but not a bool)."""
     return float(value) if type(value) is int else value
 
 
-def _positive(instance: Any, attribute: "attr.Attribute", value: Optional[float]) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"'{attribute.name}' must be > 0 (got {value!r}).")
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
 
 
-def _bounded(instance: Any, attribute: "attr.Attribute", value: Optional[float]) -> None:
-    if value is not None and not (math.isfinite(value) and value <= MAX_DURATION_S):
-        raise ValueError(
-            f"'{attribute.name}' must be a finite number of seconds, at most {MAX_DURATION_S:.0f} "
-            f"(one day) (got {value!r})."
-        )
+def _seconds(value: Any, minimum_excluded: bool) -> bool:
+    return _number(value) and (value > 0 if minimum_excluded else value >= 0) and value <= MAX_DURATION_S
 
 
-def _finite(instance: Any, attribute: "attr.Attribute", value: float) -> None:
-    if not math.isfinite(value):
-        raise ValueError(f"'{attribute.name}' must be a finite number (got {value!r}).")
-
-
-_timeout: Dict[str, Any] = dict(converter=_float, validator=[attr.validators.instance_of(float), _bounded, _positive])
+_DURATION = f"at most {MAX_DURATION_S:.0f} (one day)"
+_timeout: Dict[str, Any] = dict(
+    converter=_float, validator=_expect(f"a number of seconds above 0, {_DURATION}", lambda v: _seconds(v, True))
+)
 _optional_timeout: Dict[str, Any] = dict(
     default=None,
     converter=attr.converters.optional(_float),
-    validator=[attr.validators.optional(attr.validators.instance_of(float)), _bounded, _positive],
+    validator=_expect(
+        f"a number of seconds above 0, {_DURATION}", lambda v: _seconds(v, True), optional=True
+    ),
 )
+_flag = _expect("true or false", lambda v: isinstance(v, bool))
+
+
+def _one_of(choices: Tuple[str, ...]) -> Validator:
+    return _expect(f"one of {', '.join(choices)}", lambda v: isinstance(v, str) and v in choices)
 
 
 @attr.s(auto_attribs=True, frozen=True)
@@ -69,27 +95,26 @@ class RaySettings:
     # An existing cluster ("ray://host:10001", "auto", "host:6379"); None starts a one-node Ray
     # on loopback for this run (or uses the Ray this process is already connected to).
     address: Optional[str] = attr.ib(
-        default=None, validator=attr.validators.optional(attr.validators.instance_of(str))
+        default=None, validator=_expect("an address (a string)", lambda v: isinstance(v, str), optional=True)
     )
     num_cpus_per_worker: float = attr.ib(
         default=1.0,
         converter=_float,
-        validator=[attr.validators.instance_of(float), _finite, attr.validators.ge(0.0)],
+        validator=_expect("a number, 0 or more", lambda v: _number(v) and v >= 0),
     )
     resources: Dict[str, float] = attr.ib(
         factory=dict,
-        validator=attr.validators.deep_mapping(
-            attr.validators.instance_of(str),
-            attr.validators.instance_of((int, float)),
-            attr.validators.instance_of(dict),
+        validator=_expect(
+            "a mapping of resource names to numbers",
+            lambda v: isinstance(v, dict) and all(isinstance(k, str) and _number(n) for k, n in v.items()),
         ),
     )
     runtime_env: Optional[Dict[str, Any]] = attr.ib(
-        default=None, validator=attr.validators.optional(attr.validators.instance_of(dict))
+        default=None, validator=_expect("a mapping (Ray's runtime_env)", lambda v: isinstance(v, dict), optional=True)
     )
     # SPREAD puts env workers on different nodes where it can: Unity builds are heavy.
     scheduling_strategy: str = attr.ib(
-        default="SPREAD", validator=attr.validators.in_(SCHEDULING_STRATEGIES)
+        default="SPREAD", validator=_one_of(SCHEDULING_STRATEGIES)
     )
 
 
@@ -102,49 +127,45 @@ def _ray_settings(value: Any) -> RaySettings:
 
 
 def _build(cls: type, section: Any, where: str) -> Any:
-    """``cls(**section)``, refusing anything but a mapping of known keys, in words."""
+    """``cls(**section)``, refusing anything but a mapping of known keys, in one line of words:
+    ``env_manager.step_timeout_s: expected a number of seconds ..., got 'abc'``."""
     valid = [f.name for f in attr.fields(cls)]
     if not isinstance(section, Mapping):
-        raise TrainerConfigError(
-            f"The '{where}' section must be a mapping of settings ({', '.join(valid)}), "
-            f"but it is {section!r}."
-        )
+        raise ConfigError(f"{where}: expected a mapping of settings ({', '.join(valid)}), got {section!r}")
     unknown = sorted(str(key) for key in section if key not in valid)
     if unknown:
-        raise TrainerConfigError(
-            f"Unknown setting '{unknown[0]}' in the '{where}' section of your YAML file. "
-            f"Valid settings are: {', '.join(valid)}. See docs/configuration.md."
+        raise ConfigError(
+            f"{where}: unknown setting '{unknown[0]}'; the settings are {', '.join(valid)} "
+            "(docs/configuration.md)"
         )
     try:
         return cls(**section)
-    except (TypeError, ValueError) as e:
-        reason = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)  # attrs adds more args
-        raise TrainerConfigError(
-            f"Invalid '{where}' setting in your YAML file: {reason} See docs/configuration.md."
-        ) from None
+    except SettingError as e:
+        raise ConfigError(f"{where}.{e.name}: {e.text}") from None
+    except ValueError as e:  # a combination that cannot work (__attrs_post_init__)
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _names_factory(value: str) -> bool:
+    module, _, factory = value.partition(":")
+    return bool(module and factory and ":" not in factory)
 
 
 def _start_method(instance: Any, attribute: "attr.Attribute", value: Optional[str]) -> None:
     if value is None:
         return
-    if value not in START_METHODS:
-        raise ValueError(f"'{attribute.name}' must be one of {', '.join(START_METHODS)} (got {value!r}).")
+    _one_of(START_METHODS)(instance, attribute, value)
     if value not in platform.start_methods():
-        raise ValueError(
-            f"'{attribute.name}: {value}' is not available on {sys.platform}, which has "
-            f"{', '.join(platform.start_methods())}."
+        raise SettingError(
+            attribute.name,
+            f"{value} is not available on {sys.platform}, which has {', '.join(platform.start_methods())}",
         )
-
-
-def _count(instance: Any, attribute: "attr.Attribute", value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"'{attribute.name}' must be a whole number, not {value!r}.")
 
 
 @attr.s(auto_attribs=True, frozen=True)
 class EnvManagerSettings:
-    enabled: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
-    backend: str = attr.ib(default="subprocess", validator=attr.validators.in_(BACKENDS))
+    enabled: bool = attr.ib(default=True, validator=_flag)
+    backend: str = attr.ib(default="subprocess", validator=_one_of(BACKENDS))
     # None: forkserver with the Linux hardening, spawn on the portable path (core/platform.py)
     start_method: Optional[str] = attr.ib(default=None, validator=_start_method)
     shutdown_timeout_s: float = attr.ib(default=10.0, **_timeout)
@@ -153,38 +174,36 @@ class EnvManagerSettings:
     step_timeout_s: Optional[float] = attr.ib(**_optional_timeout)
     restart_on: List[str] = attr.ib(
         factory=list,
-        validator=attr.validators.deep_iterable(
-            attr.validators.instance_of(str), attr.validators.instance_of(list)
+        validator=_expect(
+            "a list of exception names", lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v)
         ),
     )
     restart_backoff_s: float = attr.ib(
         default=1.0,
         converter=_float,
-        validator=[attr.validators.instance_of(float), _bounded, attr.validators.ge(0.0)],
+        validator=_expect(f"a number of seconds, 0 or more, {_DURATION}", lambda v: _seconds(v, False)),
     )
     env: Optional[str] = attr.ib(
-        default=None, validator=attr.validators.optional(attr.validators.instance_of(str))
+        default=None,
+        validator=_expect(
+            "'package.module:factory'", lambda v: isinstance(v, str) and _names_factory(v), optional=True
+        ),
     )
     env_kwargs: Dict[str, Any] = attr.ib(
-        factory=dict, validator=attr.validators.instance_of(dict)
+        factory=dict, validator=_expect("a mapping of keyword arguments", lambda v: isinstance(v, dict))
     )
     ray: RaySettings = attr.ib(factory=RaySettings, converter=_ray_settings)
     # one forward pass per behaviour for all workers ready together (NOTE [ Batched inference ])
-    batch_inference: bool = attr.ib(default=True, validator=attr.validators.instance_of(bool))
+    batch_inference: bool = attr.ib(default=True, validator=_flag)
     # envs one Ray actor hosts and steps together, each its own process (NOTE [ Hosts ] in
     # ray/backend.py)
     envs_per_worker: int = attr.ib(
         default=1,
-        validator=[_count, attr.validators.ge(1), attr.validators.le(MAX_ENVS_PER_WORKER)],
+        validator=_expect(
+            f"a whole number from 1 to {MAX_ENVS_PER_WORKER}",
+            lambda v: type(v) is int and 1 <= v <= MAX_ENVS_PER_WORKER,
+        ),
     )
-
-    @env.validator
-    def _check_env(self, attribute: "attr.Attribute", value: Optional[str]) -> None:
-        module, _, factory = (value or "").partition(":")
-        if value is not None and not (module and factory and ":" not in factory):
-            raise ValueError(
-                f"'env' must look like 'package.module:factory' (got {value!r})."
-            )
 
     def __attrs_post_init__(self) -> None:
         """Combinations that cannot work are refused, not ignored."""
@@ -226,7 +245,7 @@ class EnvManagerSettings:
                 step_timeout_s=self.step_timeout_s or timeout_wait + STEP_MARGIN_S,
             )
         except ValueError as e:
-            raise TrainerConfigError(
+            raise ConfigError(
                 f"--timeout-wait={run_options.env_settings.timeout_wait} is too long for the "
                 f"deadlines derived from it: {e.args[0]} Set env_manager.startup_timeout_s and "
                 "step_timeout_s, or a shorter --timeout-wait."

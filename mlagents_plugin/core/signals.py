@@ -13,6 +13,11 @@
 # The handlers are installed only in ``mlagents-learn`` (by the plugin, from the main thread) and
 # only over Python's defaults, so a program that handles these signals itself keeps its handlers.
 #
+# A stop signal is held (``deferred``) while the manager starts a worker or hands one to the
+# shutdown ladder, and while the ladder takes a step: an interrupt in the middle would leave a
+# process nobody knows of, or a slot half released ("KeyError" from close()). It is raised as
+# soon as the block ends, a few milliseconds later.
+#
 # A hangup reaches multiprocessing's helpers too (the fork server, the resource tracker), which
 # ignore SIGINT but not SIGHUP: killed by it, the fork server takes the workers' exit codes with
 # it and the resource tracker its registrations. An ignored signal stays ignored across fork and
@@ -22,7 +27,7 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 _interrupts = 0
 
@@ -55,14 +60,58 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def hangup_ignored() -> Iterator[None]:
-    """Processes started inside ignore SIGHUP (NOTE [ Trainer signals ]); main thread only.
-    (Windows has no SIGHUP: a closed console ends its processes.)"""
-    if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
+def deferred() -> Iterator[None]:
+    """Hold the stop signals until the block ends, then handle them (NOTE [ Trainer signals ]).
+    Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    held: List[int] = []
+    handlers: Dict[int, Callable[[int, Any], Any]] = {}
+    for sig in _stop_signals():
+        handler = signal.getsignal(sig)
+        if callable(handler):  # Python's or ours; SIG_DFL and SIG_IGN are not held
+            handlers[sig] = handler
+            signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGHUP, previous)
+        for held_sig, handler in handlers.items():
+            signal.signal(held_sig, handler)
+        for signum in held[:-1]:  # each is counted (a second Ctrl-C is a second one) ...
+            try:
+                handlers[signum](signum, None)
+            except KeyboardInterrupt:
+                pass
+        if held:  # ... and the last one raises
+            handlers[held[-1]](held[-1], None)
+
+
+_INTERRUPTS = ("SIGINT", "SIGHUP")
+
+
+@contextlib.contextmanager
+def children_ignore_interrupts() -> Iterator[None]:
+    """Processes started inside begin with SIGINT and SIGHUP blocked (NOTE [ Trainer
+    signals ]); main thread only. The trainer receives its own when the block ends. On Windows a
+    no-op: a console's Ctrl-C reaches every process in it."""
+    if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # multiprocessing starts its resource tracker on first need, and then *unblocks* SIGINT
+    # (bpo-33613): started first, it cannot undo the block below.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    interrupts = {getattr(signal, name) for name in _INTERRUPTS}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def unblock_interrupts() -> None:
+    """In a process started by ``children_ignore_interrupts``, once it ignores (or handles) them."""
+    if sys.platform != "win32":
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {getattr(signal, name) for name in _INTERRUPTS})

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import itertools
 import os
+import sys
 from typing import Any, Callable, Dict, Iterator, List
 
 import cattr
@@ -37,11 +38,13 @@ UPSTREAM_ENV_MANAGER = SubprocessEnvManager
 INTERNALS = [
     Internal("mlagents.trainers.settings:load_config", "replaced: sees the YAML before it is validated"),
     Internal("mlagents.trainers.settings:RunOptions.from_argparse", "reads the YAML via load_config", "load_config("),
+    Internal("mlagents.trainers.settings:RunOptions.from_argparse", "wrapped: its config errors become one line",
+             "TrainerConfigError("),
     Internal("mlagents.trainers.learn:SubprocessEnvManager", "replaced: run_training builds our manager"),
     Internal("mlagents.trainers.learn:run_training", "builds the env manager", "SubprocessEnvManager("),
     Internal("mlagents.trainers.learn:write_run_options", "replaced: adds env_manager to configuration.yaml"),
     Internal("mlagents.trainers.settings:strict_to_cls", "structures EnvironmentSettings in our cattrs hook"),
-    Internal("mlagents.trainers.settings:EnvironmentSettings.validate_num_envs", "its refusal we relax",
+    Internal("mlagents.trainers.settings:EnvironmentSettings.validate_num_envs", "its refusal we take over",
              "num_envs must be 1"),
     Internal("mlagents.trainers.torch_entities.model_serialization:ModelSerializer.export_policy_model",
              "wrapped: exports with dynamo=False", "torch.onnx.export("),
@@ -117,27 +120,47 @@ def install_run_options_writer(extra_sections: Callable[[], Dict[str, Any]]) -> 
     _replace(learn, "write_run_options", make)
 
 
-def allow_many_envs_without_build(allowed: Callable[[EnvironmentSettings], bool]) -> None:
-    """Let ``--num-envs`` exceed 1 without ``--env`` when ``allowed(settings)`` says so.
-
-    ML-Agents' EnvironmentSettings validator refuses num_envs > 1 without a Unity build,
-    because the Editor is a single env; a Python env (``env_manager.env``) has no such limit.
-    The hook goes into cattrs' global converter, which ML-Agents structures settings with.
+def install_env_settings_check(check: Callable[[EnvironmentSettings], None]) -> None:
+    """Let ``check`` judge the environment settings (``--env``, ``--num-envs``...) in place of
+    ML-Agents' validator, which refuses num_envs > 1 without a Unity build: the Editor is a
+    single env, but a Python env (``env_manager.env``) has no such limit. The hook goes into
+    cattrs' global converter, which ML-Agents structures settings with in
+    ``RunOptions.from_argparse``: before the results folder exists.
     """
 
     def structure(d: Dict[str, Any], t: type) -> EnvironmentSettings:
         d = dict(d)
         num_envs = d.get("num_envs", 1)
-        if d.get("env_path") is None and num_envs > 1:
-            d["num_envs"] = 1
-            env_settings = strict_to_cls(d, t)
-            if not allowed(env_settings):
-                raise TrainerConfigError("num_envs must be 1 if env_path is not set.")
-            env_settings.num_envs = num_envs
-            return env_settings
-        return strict_to_cls(d, t)
+        d["num_envs"] = 1  # past ML-Agents' validator: ``check`` decides
+        env_settings = strict_to_cls(d, t)
+        env_settings.num_envs = num_envs
+        check(env_settings)
+        return env_settings
 
     cattr.register_structure_hook(EnvironmentSettings, structure)
+
+
+def install_config_errors() -> None:
+    """Show a configuration error of ``mlagents-learn`` as one line, and exit 1.
+
+    ML-Agents raises TrainerConfigError from ``RunOptions.from_argparse`` (ours among them: the
+    ``env_manager:`` section, ``--num-envs``), and it reaches the user as a traceback of 20-odd
+    lines ending in the one that matters. That line alone goes to stderr, unless ``--debug``.
+    """
+
+    def make(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def from_argparse(args: Any) -> Any:
+            try:
+                return original(args)
+            except TrainerConfigError as e:
+                if getattr(args, "debug", False):
+                    raise
+                sys.stderr.write(f"mlagents-learn: configuration error: {e} (--debug shows where)\n")
+                raise SystemExit(1) from None
+
+        return from_argparse
+
+    _replace(mla_settings.RunOptions, "from_argparse", make)
 
 
 def use_legacy_onnx_exporter() -> None:

@@ -7,17 +7,17 @@ call ``Run.make_env_manager`` where it would construct ``SubprocessEnvManager``.
 """
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
-from mlagents.trainers.env_manager import EnvManager
-from mlagents.trainers.exception import TrainerConfigError
-from mlagents.trainers.settings import RunOptions
+from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
+from mlagents.trainers.settings import EnvironmentSettings, RunOptions, TrainerSettings
 from mlagents_envs import logging_util
-from mlagents_envs.base_env import BaseEnv
+from mlagents_envs.base_env import BaseEnv, BehaviorName, BehaviorSpec
 from mlagents_envs.side_channel.side_channel import SideChannel
 
 from mlagents_plugin import fast_protobuf
 from mlagents_plugin.core import platform, signals
 from mlagents_plugin.core.settings import (
     SECTION,
+    ConfigError,
     EnvManagerSettings,
     parse_section,
     write_effective_settings,
@@ -35,7 +35,8 @@ def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
     hooks around ML-Agents' originals, and the latest registration wins."""
     run = Run()
     compat.install_yaml_section_hook(run.take_section)
-    compat.allow_many_envs_without_build(lambda env_settings: run.settings.env is not None)
+    compat.install_env_settings_check(run.check_env_settings)
+    compat.install_config_errors()
     compat.install_env_manager(run.make_env_manager)
     compat.install_run_options_writer(lambda: {SECTION: run.settings.as_dict()})
     compat.use_legacy_onnx_exporter()
@@ -60,6 +61,23 @@ class Run:
             env_module = settings.env.partition(":")[0] if settings.env else "mlagents_envs.environment"
             start_fork_server([env_module])  # NOTE [ Worker start-up ]
 
+    def check_env_settings(self, env_settings: EnvironmentSettings) -> None:
+        """Refuse ``--env``/``--num-envs`` combinations that cannot train, before the results
+        folder exists (ML-Agents' own check, which we take over, refuses more)."""
+        python_env = self.settings.enabled and self.settings.env is not None
+        if env_settings.num_envs < 1:
+            raise ConfigError(f"--num-envs {env_settings.num_envs}: a run needs at least one env")
+        if python_env and env_settings.env_path is not None:
+            raise ConfigError(
+                f"both --env ({env_settings.env_path}) and {SECTION}.env ({self.settings.env}) are "
+                "set; a run trains on one environment: remove one"
+            )
+        if env_settings.num_envs > 1 and env_settings.env_path is None and not python_env:
+            raise ConfigError(
+                f"--num-envs {env_settings.num_envs} needs a Unity build (--env): the Editor is "
+                f"one env (or train on a Python env: {SECTION}.env)"
+            )
+
     def make_env_manager(
         self,
         env_factory: Callable[[int, List[SideChannel]], BaseEnv],
@@ -74,13 +92,20 @@ class Run:
                 + (f"; these settings do not apply to it: {', '.join(ignored)}." if ignored else ".")
             )
             return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)
+        try:
+            return self._make_env_manager(env_factory, run_options, n_env)
+        except KeyboardInterrupt:  # whatever had started is stopped (the manager's __init__)
+            logger.info("Interrupted while the env workers were starting; they are stopped.")
+            return InterruptedEnvManager()
+
+    def _make_env_manager(
+        self,
+        env_factory: Callable[[int, List[SideChannel]], BaseEnv],
+        run_options: RunOptions,
+        n_env: int,
+    ) -> EnvManager:
         settings = self.settings.resolved(run_options)
         if settings.env is not None:
-            if run_options.env_settings.env_path is not None:
-                raise TrainerConfigError(
-                    f"Both --env ({run_options.env_settings.env_path}) and {SECTION}.env "
-                    f"({settings.env}) are set; a run trains on one environment: remove one."
-                )
             env_factory = python_envs.make_env_factory(settings.env, settings.env_kwargs)
         manager_class = env_manager_class(settings)
         signals.install()  # NOTE [ Trainer signals ]
@@ -96,6 +121,32 @@ class Run:
         return manager_class(env_factory, run_options, n_env, settings)
 
 
+class InterruptedEnvManager(EnvManager):
+    """What ``mlagents-learn`` gets when Ctrl-C lands while its env manager is built: the
+    workers are gone already, and the first call raises KeyboardInterrupt again, inside
+    TrainerController's ``try``, which handles it as any Ctrl-C (exit 0, run logs written).
+    Raised from ``run_training``'s set-up instead, it would end in a traceback (exit -2)."""
+
+    def _step(self) -> List[EnvironmentStep]:
+        raise KeyboardInterrupt
+
+    def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
+        raise KeyboardInterrupt
+
+    def set_env_parameters(self, config: Optional[Dict] = None) -> None:
+        raise KeyboardInterrupt
+
+    @property
+    def training_behaviors(self) -> Dict[BehaviorName, BehaviorSpec]:
+        raise KeyboardInterrupt
+
+    def on_training_started(self, behavior_name: str, trainer_settings: TrainerSettings) -> None:
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
+
+
 def env_manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
     """The class of ``settings.backend``: SupervisedEnvManager, or RayEnvManager (needs Ray)."""
     if settings.backend == "subprocess":
@@ -103,5 +154,5 @@ def env_manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
     try:
         from mlagents_plugin.ray.backend import RayEnvManager
     except ImportError as e:
-        raise TrainerConfigError(f"{SECTION}.backend is 'ray'. {e}") from None
+        raise ConfigError(f"{SECTION}.backend is 'ray'. {e}") from None
     return RayEnvManager

@@ -10,15 +10,17 @@ import importlib
 import traceback
 from typing import Any, Callable, Dict, List
 
-from mlagents.trainers.exception import TrainerConfigError
 from mlagents_envs.base_env import BaseEnv
 from mlagents_envs.side_channel.side_channel import SideChannel
+
+from mlagents_plugin.core.settings import ConfigError
 
 EnvFactory = Callable[[int, List[SideChannel]], BaseEnv]
 
 
 def resolve(spec: str) -> Callable[..., BaseEnv]:
-    """Import ``package.module:factory`` in this process; say what is wrong if it cannot be used.
+    """Import ``package.module:factory`` in this process; say what is wrong if it cannot be used
+    (ConfigError, in one line).
 
     Run before ML-Agents creates the run folder, so that a fixed YAML runs again without
     ``--force``.
@@ -29,20 +31,20 @@ def resolve(spec: str) -> Callable[..., BaseEnv]:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name is not None and module_name.startswith(e.name):
-            raise TrainerConfigError(
+            raise ConfigError(
                 f"{where}: there is no module '{e.name}'. Is it installed, or on PYTHONPATH "
                 "(or in the directory you run mlagents-learn from)?"
             ) from None
-        raise TrainerConfigError(f"{where}: importing '{module_name}' failed: {_located(e)}") from None
+        raise ConfigError(f"{where}: importing '{module_name}' failed: {_located(e)}") from None
     except BaseException as e:  # SyntaxError, or whatever the module raises while it loads
-        raise TrainerConfigError(f"{where}: importing '{module_name}' failed: {_located(e)}") from None
+        raise ConfigError(f"{where}: importing '{module_name}' failed: {_located(e)}") from None
     for part in attr_path.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise TrainerConfigError(f"{where}: module '{module_name}' has no '{attr_path}'.") from None
+            raise ConfigError(f"{where}: module '{module_name}' has no '{attr_path}'.") from None
     if not callable(target):
-        raise TrainerConfigError(
+        raise ConfigError(
             f"{where}: '{attr_path}' is a {type(target).__name__}, not a function or class that "
             "builds an env."
         )

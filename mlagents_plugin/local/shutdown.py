@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 from mlagents_envs import logging_util
 
+from mlagents_plugin.core import signals
 from mlagents_plugin.core.lifecycle import Reason
 from mlagents_plugin.core.names import command_name, zombie_report
 from mlagents_plugin.core.protocol import EnvironmentCommand, unpack_response
@@ -149,13 +150,25 @@ class Ladder:
                     self._escalate(item, reason)
 
     def run(self) -> None:
-        """Drive every process to reaped. Returns within shutdown_timeout_s + kill_grace_s + KILL_WAIT_S."""
+        """Drive every process to reaped. Returns within shutdown_timeout_s + kill_grace_s + KILL_WAIT_S.
+        An interrupt lands in the wait, never halfway through a step (NOTE [ Trainer signals ])."""
         while self.departures:
-            self.advance()
+            with signals.deferred():
+                self.advance()
             deadline = self.next_deadline()
             if deadline is None:
                 break
             self.readiness.wait(deadline - time.monotonic())
+
+    def hurry(self) -> None:
+        """A first interrupt while closing: SIGTERM to every worker not past ``asked``, which
+        stops one still serving a request and has it close its env now (a worker already closing
+        its env ignores it and finishes), within the deadline it had."""
+        for item in self.departures:
+            if item.process.is_alive() and item.stage is Stage.ASKED:
+                deadline = item.deadline
+                self._signal(item, Stage.TERM)
+                item.deadline = max(deadline, item.deadline)
 
     def force(self) -> None:
         """SIGKILL everything now (a second Ctrl-C), then reap within KILL_WAIT_S."""

@@ -36,5 +36,5 @@ def start_fork_server(factory_modules: List[str]) -> None:
     imports, so that it loads them while the trainer is still setting up (NOTE [ Worker
     start-up ]). Returns at once; a server that runs already is kept."""
     multiprocessing.forkserver.set_forkserver_preload(worker_preload() + factory_modules)
-    with signals.hangup_ignored():  # NOTE [ Trainer signals ]
+    with signals.children_ignore_interrupts():  # NOTE [ Trainer signals ]
         multiprocessing.forkserver.ensure_running()

@@ -60,7 +60,8 @@ TIMER_REPORT_INTERVAL_S = 1.0
 # portable player watch handles SIGINT instead, to wake the main thread when a player dies, and
 # ignores every other: NOTE [ Player death ].) A worker whose trainer is gone is the reaper's, on
 # Linux; elsewhere it finds its pipe closed and leaves (NOTE [ No orphans ]).
-# SIGTERM (the ladder's, or anyone's: ``kill PID``, earlyoom, a container runtime): the default
+# A worker starts with both blocked, and ignores them before it unblocks them (NOTE [ Trainer
+# signals ]). SIGTERM (the ladder's, or anyone's: ``kill PID``, earlyoom, a container runtime): the default
 # action would end the worker without running ``finally``, leaving its Unity player behind. The
 # handler raises SystemExit instead, so the env is closed and the player killed on the way out,
 # and the worker tells the trainer it was stopped (STOPPED: a worker failure, restarted like a
@@ -89,6 +90,7 @@ def worker_main(conn: WorkerConnection, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Worker signals ]
     if sys.platform != "win32":
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signals.unblock_interrupts()  # blocked since it started: NOTE [ Trainer signals ]
     processes.tag_this_process(spec.owner_tag)
     logging_util.set_log_level(spec.log_level)
     _Worker(conn, spec).run()
@@ -112,7 +114,7 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, W
         args=(child_conn, spec),
         name=f"mlagents-plugin-env-worker-{spec.worker_id}",
     )
-    with _main_module_hidden(), signals.hangup_ignored():  # NOTE [ Trainer signals ]
+    with _main_module_hidden(), signals.children_ignore_interrupts():  # NOTE [ Trainer signals ]
         process.start()
     child_conn.close()  # so that the worker's death is an EOF at the other end, too
     return process, parent_conn
@@ -326,6 +328,9 @@ class _Worker:
         return root
 
     def _shut_down(self) -> None:
+        # Closing already: a SIGTERM now (a trainer hurrying its close) would only cut the env's
+        # own close short; the trainer's SIGKILL, after its deadline, still ends it.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.players.disarm()  # the player exits on purpose now
         self.encoder.close()
         if self.env is not None:

@@ -20,6 +20,7 @@ from mlagents_plugin.testing.faulty_envs import (
     LockHoldingError,
     PlayerLaunchingEnvironment,
     RandomFaultEnvironment,
+    SlowClosingEnvironment,
     TwoArgumentError,
     UnexpectedExceptionEnvironment,
     UnpicklableExceptionEnvironment,
@@ -35,6 +36,7 @@ ENVIRONMENTS = {
         HardExitEnvironment,
         PlayerLaunchingEnvironment,
         RandomFaultEnvironment,
+        SlowClosingEnvironment,
         UnexpectedExceptionEnvironment,
         UnpicklableExceptionEnvironment,
     )
@@ -81,6 +83,7 @@ __all__ = [
     "PlayerLaunchingEnvironment",
     "RandomFaultEnvironment",
     "SimpleEnvironment",
+    "SlowClosingEnvironment",
     "TrainingResult",
     "TwoArgumentError",
     "UnexpectedExceptionEnvironment",

@@ -219,6 +219,20 @@ class PlayerLaunchingEnvironment(SimpleEnvironment):
         self.player.wait()
 
 
+class SlowClosingEnvironment(SimpleEnvironment):
+    """``close()`` takes ``close_s`` seconds, as a Unity player may to quit; then it writes a
+    file named after its worker id into ``closed_dir``, so a test can tell that it finished."""
+
+    def __init__(self, *args: Any, close_s: float, closed_dir: str, **kwargs: Any):
+        self.close_s = close_s
+        self.closed_dir = closed_dir
+        super().__init__(*args, **kwargs)
+
+    def close(self) -> None:
+        time.sleep(self.close_s)
+        open(os.path.join(self.closed_dir, str(self.worker_id)), "w").close()
+
+
 FAULT_KINDS = ("exception", "exit", "hang", "unity")
 
 
