@@ -222,16 +222,18 @@ def test_a_hung_env_is_killed_by_its_actor_and_its_neighbours_go_on(ray_manager)
     manager.reset()
     before = manager.placements
     assert len({p.actor_pid for p in before.values()}) == 1
-    steps_while_hung = {0: 0, 2: 0, 3: 0}
+    steps_while_hung = {0: 0, 2: 0, 3: 0}  # since env 1's last step
     deadline = time.monotonic() + 60
     while manager.restart_counts.get("hung") != 1:
         assert time.monotonic() < deadline, "the hang was never noticed"
         for step in manager.get_steps():
-            if step.worker_id != 1:
+            if step.worker_id == 1:
+                steps_while_hung = dict.fromkeys(steps_while_hung, 0)
+            else:
                 steps_while_hung[step.worker_id] += 1
-    # 3 s of step_timeout_s at 10 ms steps: each neighbour made far more than the 20 steps
-    # env 1 made before it hung.
-    assert min(steps_while_hung.values()) > 60, steps_while_hung
+    # step_timeout_s is 3 s, a step 10 ms (and one actor call tens of ms on a loaded machine):
+    # each neighbour went on stepping all the while env 1 was hung.
+    assert min(steps_while_hung.values()) >= 10, steps_while_hung
     assert not alive_after([before[1].pid], 10.0), "the hung worker outlived its actor's ladder"
     deadline = time.monotonic() + 60
     while 1 not in {step.worker_id for step in manager.get_steps()}:
