@@ -2,7 +2,7 @@
 
     python benchmarks/bench.py [--quick] [--only SECTION ...] [--ray-address ADDR]
 
-Sections: throughput unity startup faults drift ray training.
+Sections: throughput unity startup faults drift ray training concurrent.
 
 ``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import concurrent_runs  # noqa: E402
 import drift  # noqa: E402
 import fault_costs  # noqa: E402
 import ray_vs_subprocess  # noqa: E402
@@ -32,6 +33,7 @@ SECTIONS = {
     "drift": drift,
     "ray": ray_vs_subprocess,
     "training": training,
+    "concurrent": concurrent_runs,
 }
 
 

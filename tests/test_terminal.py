@@ -1,15 +1,20 @@
 """What people do at a terminal, on a shared machine and in a container, through a real
 `mlagents-learn` on player builds (docs/faults.md): Ctrl-Z and `fg`, Ctrl-C at any moment,
 several runs on the default port, a small /dev/shm."""
+import logging
 import os
 import signal
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
 from helpers import finish, free_port_block, learn_command, start_learn, wait_for_line, write_config
 
 from mlagents_plugin.player.build import make_build
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 pytestmark = pytest.mark.e2e
 
@@ -132,3 +137,133 @@ def test_one_ctrl_c_while_closing_lets_the_envs_close(tmp_path):
     assert "Interrupted while closing" in text and "Interrupted again" not in text, text[-3000:]
     assert sorted(p.name for p in closed.iterdir()) == ["0", "1"], text[-3000:]
     assert trainer.returncode == 0 and "Traceback" not in text
+
+
+# ------------------------------------------------------------------- a small /dev/shm
+
+CAMERA_SCRIPT = """
+import os
+from mlagents.trainers.settings import RunOptions
+from mlagents_plugin import EnvManagerSettings, SupervisedEnvManager
+from mlagents_plugin.testing import SimpleEnvironment, make_factory
+
+if __name__ == "__main__":
+    factory = make_factory(SimpleEnvironment, num_agents=16, visual_shape=(3, 84, 84))  # 1.4 MB a step
+    manager = SupervisedEnvManager(factory, RunOptions(), 8, EnvManagerSettings(restart_backoff_s=0.0))
+    try:
+        manager.reset()
+        stepped = set()
+        for _ in range(30):
+            for step in manager.get_steps():
+                vector, image = step.current_all_step_result["Simple"][0].obs
+                assert image.shape == (16, 3, 84, 84)
+                assert (image == ((vector[:, 0] + 1) / 2)[:, None, None, None]).all()  # intact
+                stepped.add(step.worker_id)
+        print("RESULT", sorted(stepped), manager.restart_counts, flush=True)
+    finally:
+        manager.close()
+"""
+
+
+def run_with_dev_shm_of(size: str, script: str) -> subprocess.CompletedProcess:
+    """``script`` in a mount namespace of its own, where /dev/shm is a tmpfs of ``size``, as in
+    a container (`docker run` gives 64 MB)."""
+    mount = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" -c "$1"'
+    return subprocess.run(["unshare", "-m", "sh", "-c", mount, sys.executable, script],
+                          capture_output=True, text=True, timeout=200)
+
+
+@pytest.mark.timeout(240)
+def test_a_full_dev_shm_falls_back_to_the_pipe_and_says_why():
+    """8 workers of 16 cameras each need about 14 MB of /dev/shm; it has 8. Without reserving
+    the pages, workers died of SIGBUS at their first reset, again after each restart, and the
+    run failed; now the workers without room send through the pipe, and say so."""
+    result = run_with_dev_shm_of("8m", CAMERA_SCRIPT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "RESULT [0, 1, 2, 3, 4, 5, 6, 7] {}" in output, output[-3000:]  # every worker, no restart
+    warnings = [line for line in output.splitlines() if "/dev/shm has no room for" in line]
+    assert warnings, output[-3000:]
+    assert all("/dev/shm is 8.0 MB" in w and "--shm-size" in w and "through the pipe" in w for w in warnings)
+
+
+@pytest.mark.timeout(120)
+def test_a_bus_error_of_a_worker_using_shared_memory_names_dev_shm(env_manager_factory, caplog):
+    factory = make_factory(SimpleEnvironment, num_agents=8, visual_shape=(3, 84, 84))  # 0.7 MB a step
+    manager = env_manager_factory(factory, 1, restart_backoff_s=0.0)
+    manager.reset()
+    os.kill(manager.worker_pids[0], signal.SIGBUS)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(100):
+            manager.get_steps()
+            if manager.restart_counts:
+                break
+    assert manager.restart_counts == {"died": 1}
+    restart = [r.getMessage() for r in caplog.records if "Restarting env worker 0" in r.getMessage()]
+    assert len(restart) == 1 and "was killed by SIGBUS" in restart[0], restart
+    assert "a full /dev/shm is the usual cause (/dev/shm is " in restart[0] and "--shm-size" in restart[0]
+
+
+# ------------------------------------------------------------- several runs on one port
+
+
+@pytest.mark.timeout(300)
+def test_two_runs_on_the_same_base_port_train_side_by_side(tmp_path, builds):
+    """Two `mlagents-learn` runs started together on one --base-port, as two users who both keep
+    the default: the second run's workers find the ports held and move at once, naming the
+    other run; no player talks to the wrong trainer, so nothing times out or restarts."""
+    base_port = str(free_port_block(24))
+    runs = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+
+        def edit(config):
+            config["behaviors"]["Goal"]["max_steps"] = 3000
+
+        command = learn_command(write_config(folder, "goal_player.yaml", edit), f"--env={builds / 'goal'}",
+                                "--num-envs=4", f"--base-port={base_port}", "--env-args", "--num-agents", "4")
+        runs.append(start_learn(folder, command))
+    outputs = []
+    try:
+        for run in runs:
+            output: list = []
+            finish(run, output, timeout_s=200)
+            outputs.append("".join(output))
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+    text = "\n".join(outputs)
+    assert [run.returncode for run in runs] == [0, 0], text[-4000:]
+    assert text.count("restarts: none") == 8, text[-4000:]
+    moves = [line for line in text.splitlines() if "moving to worker id" in line]
+    assert moves and all("is held by pid" in m and "mlagents-learn" in m for m in moves), moves
+
+
+@pytest.mark.timeout(60)
+def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
+    """The race two runs on one port meet: both pass mlagents-envs' port check before either
+    binds. Upstream's server then shares the port with the other run's (SO_REUSEPORT); ours
+    refuses it, so the manager moves the worker (NOTE [ One run per port ])."""
+    import grpc
+    from mlagents_envs.exception import UnityWorkerInUseException
+    from mlagents_envs.rpc_communicator import RpcCommunicator
+
+    from mlagents_plugin.integration import rpc_server
+
+    port = free_port_block(1)
+    other_run = grpc.server(ThreadPoolExecutor(max_workers=1), options=(("grpc.so_reuseport", 1),))
+    assert other_run.add_insecure_port(f"[::]:{port}") == port  # bound as mlagents-envs binds
+    other_run.start()
+    monkeypatch.setattr(RpcCommunicator, "check_port", lambda self, port: None)  # the check passed
+    try:
+        upstream = RpcCommunicator(worker_id=0, base_port=port)
+        assert upstream.is_open  # two servers on one port: players reach either
+        upstream.close()
+        monkeypatch.setattr(RpcCommunicator, "create_server", RpcCommunicator.create_server)  # undone after
+        rpc_server.install()
+        with pytest.raises(UnityWorkerInUseException):
+            RpcCommunicator(worker_id=0, base_port=port)
+    finally:
+        other_run.stop(None)

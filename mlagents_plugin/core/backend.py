@@ -95,6 +95,10 @@ class Backend(abc.ABC):
     def outcome(self, worker_id: int) -> str:
         """How the slot's last incarnation ended, for the close summary."""
 
+    def port_holder(self, port: int) -> Optional[str]:
+        """Which process holds ``port`` where the workers run, in words, if the backend can tell."""
+        return None
+
     def startup_hint(self) -> str:
         """Added to a start-up timeout's message."""
         return ""

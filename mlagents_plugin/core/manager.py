@@ -482,18 +482,20 @@ class SupervisedManagerBase(EnvManager):
         raise exc
 
     def _move_to_another_port(self, slot: Slot) -> None:
-        """Restart the worker with a worker id nobody uses: a Unity build's port is
-        base_port + worker id, and something (often a player left from an earlier run)
-        holds this one."""
+        """Restart the worker at once with a worker id nobody uses: a Unity build's port is
+        base_port + worker id, and another process holds this one (NOTE [ One run per port ] in
+        integration/rpc_server.py)."""
         base_port = self.run_options.env_settings.base_port
         old, new = slot.env_worker_id, self._spare_env_worker_id
         self._spare_env_worker_id += 1
         slot.env_worker_id = new
         self._health.moved_port(slot.worker_id)
+        holder = self._backend.port_holder(base_port + old)
         logger.warning(
-            f"Env worker {slot.worker_id}: port {base_port + old} (worker id {old}) is in use, "
-            f"often by a Unity player left from an earlier run; moving to worker id {new} "
-            f"(port {base_port + new})."
+            f"Env worker {slot.worker_id}: port {base_port + old} (worker id {old}) is "
+            + (f"held by {holder}" if holder else "in use (by another run on the same --base-port, or a "
+               "Unity player left from an earlier run)")
+            + f"; moving to worker id {new} (port {base_port + new})."
         )
         slot.restart(self._clock())
 

@@ -15,8 +15,16 @@
 # suffices: the trainer copies the arrays out as soon as the reply arrives, before it sends the
 # worker its next request. The copy cannot be avoided: ML-Agents keeps each step's observation
 # arrays (views of them) in its trajectories for up to time_horizon steps, and the worker writes
-# the next step into the same segment. A worker that cannot create a segment sends everything
-# through the pipe, and says so once.
+# the next step into the same segment.
+#
+# On Linux a segment is a file in /dev/shm, a tmpfs, and its pages exist only once written:
+# creating it succeeds however full /dev/shm is, and the first write past the end of the space
+# kills the worker with SIGBUS (Docker gives a container 64 MB there unless told otherwise, which
+# 8 workers of camera observations overflow). So a new segment's pages are allocated at once
+# (``posix_fallocate``): a full /dev/shm is then an error the worker can act on. A worker that
+# cannot create a segment, or reserve its pages, sends everything through the pipe and says so
+# once, with /dev/shm's size and what to do (``--shm-size``). A worker that dies of SIGBUS
+# anyway is reported with /dev/shm as the likely cause (local/backend.py).
 #
 # Segments are named ``<prefix><generation>``, the prefix naming the trainer, the worker and its
 # incarnation, so that whoever outlives their creator can find and remove them: the worker when
@@ -27,6 +35,8 @@
 # (NOTE [ No orphans ] in processes.py). On Windows a segment goes with its last handle.
 """
 import math
+import os
+import shutil
 import sys
 from multiprocessing import shared_memory
 from typing import Dict, List, Optional, Tuple
@@ -37,6 +47,7 @@ from mlagents_envs.base_env import DecisionSteps, TerminalSteps
 from mlagents_plugin.core.protocol import EncodedSteps
 
 SHARED_MEMORY_MIN_BYTES = 64 * 1024
+DEV_SHM = "/dev/shm"  # where Linux keeps POSIX shared memory
 SEGMENT_PREFIX = "mlap_"  # + trainer pid, manager token, worker id, incarnation, generation
 _ALIGN = 8
 
@@ -112,11 +123,16 @@ class Encoder:
         self.close()
         self.generation += 1
         try:  # room to grow a little without a new segment
-            self.segment = shared_memory.SharedMemory(
+            segment = shared_memory.SharedMemory(
                 name=f"{self.prefix}{self.generation}", create=True, size=size + size // 4
             )
         except OSError as e:
-            self.shared_memory_failed = str(e)
+            self.shared_memory_failed = f"creating a shared memory segment failed: {e}"
+            return None
+        self.segment = segment  # close() removes it if it cannot be used
+        self.shared_memory_failed = _reserve(segment)
+        if self.shared_memory_failed:
+            self.close()
             return None
         return self.segment
 
@@ -197,6 +213,34 @@ def unlink(name: str) -> bool:
     segment.close()
     segment.unlink()
     return True
+
+
+def _reserve(segment: shared_memory.SharedMemory) -> Optional[str]:
+    """Allocate the segment's pages now (NOTE [ Step wire format ]); why not, if they cannot be.
+    Linux only: elsewhere segments are not files of a size-limited tmpfs."""
+    if sys.platform != "linux":
+        return None
+    fd = os.open(os.path.join(DEV_SHM, segment.name.lstrip("/")), os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, segment.size)
+    except OSError as e:
+        return f"{DEV_SHM} has no room for {_mb(segment.size)} of observations ({e.strerror}; {dev_shm_space()})"
+    finally:
+        os.close(fd)
+    return None
+
+
+def dev_shm_space() -> str:
+    """/dev/shm's size and free space, in words (Linux)."""
+    try:
+        usage = shutil.disk_usage(DEV_SHM)
+    except OSError:
+        return f"{DEV_SHM} cannot be read"
+    return f"{DEV_SHM} is {_mb(usage.total)}, {_mb(usage.free)} free"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
 
 
 def _padded(n: int) -> int:

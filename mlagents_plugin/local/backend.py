@@ -9,6 +9,8 @@ trainers: an actor that loads it stays light.
 import multiprocessing
 import os
 import secrets
+import signal
+import sys
 from multiprocessing.process import BaseProcess
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -142,6 +144,9 @@ class ProcessBackend(Backend):
         self._kill_orphans()
         self._remove_segments_of_departed()
 
+    def port_holder(self, port: int) -> Optional[str]:
+        return processes.port_holder(port)
+
     def hurry(self) -> bool:
         self._ladder.hurry()
         return True
@@ -212,13 +217,23 @@ class ProcessBackend(Backend):
             exitcode = worker.process.exitcode
             error = WorkerDiedError(
                 f"{slot.label} {processes.describe_exit(exitcode)} "
-                f"(last command: {command_name(slot.last_command)}).",
+                f"(last command: {command_name(slot.last_command)}){self._bus_error_hint(exitcode)}.",
                 slot.worker_id,
                 worker.process.pid,
                 exitcode,
             )
             events.append(Death(slot, slot.incarnation, error))
         return events
+
+
+    def _bus_error_hint(self, exitcode: Optional[int]) -> str:
+        """A worker killed by SIGBUS that writes into /dev/shm most likely found it full."""
+        if sys.platform != "linux" or self._segments is None or exitcode != -signal.SIGBUS:
+            return ""
+        return (
+            f"; it writes large observations into shared memory, and a full {wire.DEV_SHM} is the "
+            f"usual cause ({wire.dev_shm_space()}; in Docker: `docker run --shm-size=2g`)"
+        )
 
 
 def _send(worker: _Worker, data: bytes) -> None:

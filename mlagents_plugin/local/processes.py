@@ -133,3 +133,32 @@ def kill_leftovers(owner_tag: str, known: Iterable[psutil.Process] = ()) -> List
 def owner_prefix(supervisor_pid: int) -> str:
     """The start of the tags of every worker a supervising process starts (NOTE [ No orphans ])."""
     return f"{OWNER_ROOT}{supervisor_pid}-"
+
+
+def port_holder(port: int) -> Optional[str]:
+    """Which process listens on TCP ``port`` here, in words (for a worker of another
+    ``mlagents-learn``, that run's command line); None if nobody or if it cannot be seen."""
+    try:
+        listening = [
+            c.pid for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+        ]
+    except (psutil.Error, OSError):  # macOS needs root to see other processes' sockets
+        return None
+    if not listening:
+        return None
+    try:
+        holder = psutil.Process(listening[0])
+        for proc in [holder, *holder.parents()[:3]]:
+            command = " ".join(proc.cmdline())
+            if "mlagents-learn" in command:
+                what = "" if proc.pid == holder.pid else f"a worker of pid {proc.pid}, "
+                return f"pid {holder.pid} ({what}{_shortened(command)})"
+        return f"pid {holder.pid} ({_shortened(' '.join(holder.cmdline()))})"
+    except psutil.Error:
+        return f"pid {listening[0]}"
+
+
+def _shortened(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+

@@ -44,6 +44,7 @@ from mlagents_plugin.core.protocol import (
     unpack_request,
     wrap_exception,
 )
+from mlagents_plugin.integration import rpc_server
 from mlagents_plugin.local import hardening, processes
 from mlagents_plugin.local.readiness import WorkerConnection
 
@@ -177,6 +178,7 @@ class _Worker:
         self.analytics: Optional[_AnalyticsChannel] = None
         self.players = hardening.layer(spec.hardened).player_watch()
         self.players.hook_launches()
+        rpc_server.install()  # NOTE [ One run per port ]
         self.encoder = wire.Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
@@ -298,8 +300,9 @@ class _Worker:
         encoded = self.encoder.encode({name: env.get_steps(name) for name in env.behavior_specs})
         if self.encoder.shared_memory_failed and not failed_before:
             logger.warning(
-                f"Env worker {self.spec.worker_id}: no shared memory for large observations "
-                f"({self.encoder.shared_memory_failed}); sending them through the pipe, slower."
+                f"Env worker {self.spec.worker_id}: {self.encoder.shared_memory_failed}. Its large "
+                "observations go through the pipe instead, slower. In a Docker container, /dev/shm "
+                "is 64 MB unless `docker run --shm-size=2g` (or docker-compose's shm_size) says more."
             )
         return StepPayload(
             encoded,
