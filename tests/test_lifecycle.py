@@ -358,6 +358,17 @@ def test_ctrl_c_while_the_workers_are_launched_releases_every_started_one(n):
     assert fake.workers == {} and len(fake.released) == n and fake.closed
 
 
+def test_ctrl_c_while_a_worker_restarts_reaches_the_trainer_and_close_ends_in_order(harness):
+    h = harness(behave(w0=Behavior(fault=("die", 3))), restart_backoff_s=0.0)
+    h.backend.interrupt_at = {"launch": 3}  # the restart of worker 0
+    h.manager.reset()
+    with pytest.raises(KeyboardInterrupt):
+        h.step_until(lambda: False)
+    assert [w for w, *_ in h.backend.launches] == [0, 1, 0]  # the restart was launched whole
+    h.manager.close()
+    assert h.backend.workers == {} and h.backend.closed
+
+
 @pytest.mark.parametrize("method, n", [("release", 1), ("release", 2), ("close", 1)])
 def test_a_first_ctrl_c_while_closing_hurries_the_close_and_it_ends_in_order(harness, method, n):
     h = harness(n_env=2)

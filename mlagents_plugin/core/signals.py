@@ -98,13 +98,14 @@ def children_ignore_interrupts() -> Iterator[None]:
     if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
         yield
         return
-    # multiprocessing starts its resource tracker on first need, and then *unblocks* SIGINT
-    # (bpo-33613): started first, it cannot undo the block below.
+    # multiprocessing starts its resource tracker on first need, blocking SIGINT for it and then
+    # *unblocking* SIGINT here (bpo-33613): started first, it cannot undo our block of SIGINT, and
+    # it inherits our block of SIGHUP, which it does not handle itself.
     from multiprocessing import resource_tracker
 
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     resource_tracker.ensure_running()
-    interrupts = {getattr(signal, name) for name in _INTERRUPTS}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in _INTERRUPTS})
     try:
         yield
     finally:
