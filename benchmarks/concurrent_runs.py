@@ -10,7 +10,6 @@ meets nothing else that runs here.
 """
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,23 +22,12 @@ import yaml
 
 from mlagents_plugin.examples import config_file
 from mlagents_plugin.player.build import make_build
+from mlagents_plugin.testing.ports import free_port_block
 
 LEARN = str(Path(sys.executable).parent / "mlagents-learn")
 ENVS_PER_RUN = 2
 FIRST_SUMMARY = "Step: 500."
 TIMEOUT_S = 400.0
-
-
-def _free_base(size: int) -> int:
-    for base in range(31000, 60000, size):
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("localhost", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free block of ports")
 
 
 def _config(folder: Path, enabled: bool) -> Path:
@@ -52,7 +40,7 @@ def _config(folder: Path, enabled: bool) -> Path:
 
 
 def measure(manager: str, n_runs: int, build: Path, work: Path) -> Dict:
-    base = _free_base(64)
+    base = free_port_block(64)
     runs = []
     started = time.monotonic()
     for i in range(n_runs):

@@ -10,7 +10,6 @@ trains through SupervisedEnvManager. The summary is read from the run's TensorBo
 import argparse
 import glob
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional
 
 from mlagents_plugin.examples import config_file
 from mlagents_plugin.player.build import make_build
+from mlagents_plugin.testing.ports import free_port_block
 
 BEHAVIOR = "Goal"
 REWARD = "Environment/Cumulative Reward"
@@ -37,7 +37,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     run_dir = Path(args.results_dir) / args.run_id
     builds = Path(args.results_dir) / "demo-builds"
     make_build(str(builds), "goal")
-    base_port = _free_port_block(args.num_envs + 8)
+    base_port = free_port_block(args.num_envs + 8, start=5005)  # from the builds' default up
     player_args = ["--num-agents", str(args.agents_per_env)]
     if not args.no_crash:
         once = builds / "crashed-once"
@@ -104,19 +104,6 @@ def _scalars(directory: Path) -> Dict[str, tuple]:
         events = accumulator.Scalars(tag)
         found[tag] = ([e.step for e in events], [e.value for e in events], [e.wall_time for e in events])
     return found
-
-
-def _free_port_block(size: int) -> int:
-    """The first of ``size`` free consecutive ports from 5005 (the builds' default) upwards."""
-    base = 5005
-    while True:
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("localhost", port))
-            return base
-        except OSError:
-            base += size
 
 
 if __name__ == "__main__":

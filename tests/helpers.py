@@ -1,9 +1,7 @@
 """Helpers for tests that run the real mlagents-learn CLI, players and ports."""
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,26 +13,10 @@ import pytest
 import yaml
 
 from mlagents_plugin.examples import config_file
+from mlagents_plugin.testing.ports import free_port_block  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
-
-
-def free_port_block(size: int) -> int:
-    """The first of ``size`` consecutive free ports. Random, so parallel tests rarely meet; a
-    port taken between this check and its use makes mlagents-envs raise
-    UnityWorkerInUseException, which the manager answers by moving to another port."""
-    rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "little"))
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - size)
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("localhost", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free block of ports")
 
 
 def write_config(tmp_path: Path, name: str, edit=None) -> Path:
@@ -99,6 +81,18 @@ def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
         pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output[-40:])}")
     output.append(rest)
     return time.monotonic() - started
+
+
+def processes_naming(path: Path) -> List[int]:
+    """Live processes whose command line names ``path`` (players, envs of this test's folder)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if str(path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return found
 
 
 def alive_after(pids, grace_s: float):

@@ -11,7 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from helpers import finish, free_port_block, learn_command, start_learn, wait_for_line, write_config
+from helpers import (
+    finish,
+    free_port_block,
+    learn_command,
+    processes_naming,
+    start_learn,
+    wait_for_line,
+    write_config,
+)
 
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
@@ -71,18 +79,6 @@ def test_ctrl_z_then_fg_restarts_nothing(tmp_path, builds):
     assert trainer.returncode == 0
 
 
-def players_of(tmp_path):
-    """Players (and anything else) still running that were started for this test's folder."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if str(tmp_path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.Error:
-            pass
-    return found
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.5], ids=["launch", "handshake", "reset"])
 def test_ctrl_c_while_the_builds_start_is_an_ordinary_interrupt(tmp_path, builds, delay_s):
@@ -104,9 +100,9 @@ def test_ctrl_c_while_the_builds_start_is_an_ordinary_interrupt(tmp_path, builds
     assert trainer.returncode == 0, text[-3000:]
     assert "Learning was interrupted" in text and "Traceback" not in text, text[-3000:]
     deadline = time.monotonic() + 5
-    while players_of(tmp_path) and time.monotonic() < deadline:
+    while processes_naming(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert players_of(tmp_path) == []
+    assert processes_naming(tmp_path) == []
 
 
 @pytest.mark.timeout(240)
