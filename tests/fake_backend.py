@@ -161,6 +161,7 @@ class FakeBackend(Backend):
         self.interrupt_at: Dict[str, int] = {}
         self._calls: Dict[str, int] = {}
         self.closes: List[bool] = []  # each close(interrupted)'s argument
+        self.batches: List[List[Event]] = []  # what each wait returned, if anything
         self.hurried = 0
         self._due: List[Tuple[float, int, Event]] = []  # heap of (time, order, event)
         self._order = itertools.count()
@@ -218,6 +219,8 @@ class FakeBackend(Backend):
         events = []  # stale ones too (from released incarnations): the manager must drop them
         while self._due and self._due[0][0] <= self.clock.now:
             events.append(heapq.heappop(self._due)[2])
+        if events:
+            self.batches.append(events)
         return events
 
     def release(self, slot: Slot, reason: Reason) -> None:

@@ -162,6 +162,27 @@ def test_subprocess_failing_step(manager_of, num_envs):
 
 
 @pytest.mark.timeout(120)
+def test_an_error_never_costs_a_sibling_its_reply(manager_of):
+    """Worker 0's own exception (not restartable) and worker 1's reply wait together for the
+    trainer, which is slow to wait again: the caller catches the error and steps on, and
+    worker 1 is never declared hung (NOTE [ A wait is handled whole ])."""
+    factory = make_factory(UnexpectedExceptionEnvironment, exception_type=CustomTestOnlyException, after_steps=5,
+                           only_worker=0)
+    manager = manager_of(factory, 2, step_timeout_s=3.0)
+    manager.reset()
+    with pytest.raises(CustomTestOnlyException):
+        for _ in range(200):
+            time.sleep(0.05)  # a trainer busy elsewhere: both workers' messages are waiting for it
+            manager.get_steps()
+    stepped = []
+    steps_until = time.monotonic() + 2 * manager.settings.step_timeout_s
+    while time.monotonic() < steps_until:
+        stepped += [step.worker_id for step in manager.get_steps()]
+    assert stepped and set(stepped) == {1}
+    assert manager.restart_counts == {}
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "factory, expected",
     [

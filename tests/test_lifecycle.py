@@ -16,6 +16,7 @@ from mlagents.trainers.settings import RunOptions
 from mlagents_envs.exception import UnityCommunicationException, UnityTimeOutException
 
 from mlagents_plugin.core import lifecycle, signals
+from mlagents_plugin.core.backend import Reply
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
     ManagerClosedError,
@@ -95,6 +96,22 @@ def test_reset_gives_one_step_per_worker_and_steps_flow(harness):
         stepped |= {s.worker_id for s in h.manager.get_steps()}
     assert stepped == {0, 1, 2}
     assert set(h.manager.training_behaviors) == {"Simple"}
+
+
+def test_an_error_never_costs_a_sibling_its_reply_from_the_same_wait(harness):
+    """NOTE [ A wait is handled whole ]: worker 0's error (not restartable) and worker 1's reply
+    arrive in one wait; the caller catches the error and steps on, and worker 1 is never hung."""
+    h = harness(behave(w0=Behavior(step_s=0.1, fault=("raise", 3)), w1=Behavior(step_s=0.1)), step_timeout_s=5.0)
+    h.manager.reset()
+    with pytest.raises(RuntimeError, match="injected"):
+        h.step_until(lambda: False)
+    last = h.backend.batches[-1]
+    assert {e.slot.worker_id for e in last} == {0, 1} and isinstance(last[1], Reply)  # one wait, both
+    stepped = []
+    while h.clock.now < 1000 + 30:  # six times step_timeout_s
+        stepped += [s.worker_id for s in h.manager.get_steps()]
+    assert stepped and set(stepped) == {1}
+    assert [r for r in h.backend.released if r[0] == 1] == [] and h.manager.restart_counts == {}
 
 
 # ----------------------------------------------------------------------------- deadlines

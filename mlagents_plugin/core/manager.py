@@ -99,6 +99,7 @@ class SupervisedManagerBase(EnvManager):
         self._slots = [Slot(i) for i in range(n_env)]
         self._spare_env_worker_id = n_env
         self._completed: List[EnvironmentStep] = []
+        self._failures: List[BaseException] = []  # of the wait being handled: _pump raises the first
         self._health = HealthStats(n_env, clock)
         self._closed = False
         self._backend = backend(
@@ -115,7 +116,8 @@ class SupervisedManagerBase(EnvManager):
     # ----------------------------------------------------------------- EnvManager interface
 
     def _step(self) -> List[EnvironmentStep]:
-        self._queue_steps()
+        if not self._completed:  # else: steps of a wait that raised, returned first
+            self._queue_steps()
         while not self._completed:  # one wait returns every worker that is ready by then
             self._pump()
         steps, self._completed = self._completed, []
@@ -358,9 +360,12 @@ class SupervisedManagerBase(EnvManager):
             )
 
     def _pump(self) -> None:
-        """Wait once (bounded) for replies, deaths and deadlines, and handle them."""
+        """Wait once (bounded) for replies, deaths and deadlines, and handle every one of them;
+        then raise the first error that must reach the trainer (NOTE [ A wait is handled whole ])."""
         self._check_usable()
         self._watched.entered()
+        failures: List[BaseException] = []
+        self._failures = failures
         try:
             bound_s, started = self._time_to_next_deadline(), self._clock()
             events = self._backend.wait(bound_s)
@@ -380,6 +385,9 @@ class SupervisedManagerBase(EnvManager):
                     slot.check()
         finally:
             self._watched.left()
+            self._failures = []
+        if failures:
+            raise failures[0]
 
     def _time_to_next_deadline(self) -> float:
         watched_now, now = self._watched.now(), self._clock()
@@ -451,7 +459,8 @@ class SupervisedManagerBase(EnvManager):
                 self._fail(slot, error, Reason.HUNG)
 
     def _fail(self, slot: Slot, exc: BaseException, reason: Reason = Reason.CLOSE) -> None:
-        """A worker failed: restart it if the policy allows, else raise ``exc`` to the trainer.
+        """A worker failed: restart it if the policy allows, else ``exc`` is for the trainer
+        (raised by ``_pump`` when the wait is handled whole).
 
         Only this worker restarts; the others keep stepping. Its steps not yet returned, and
         its partial trajectories, are dropped: they came from the env that failed.
@@ -479,7 +488,7 @@ class SupervisedManagerBase(EnvManager):
             add_note(exc, self._restarts.explain_refusal(worker_id, slot.ever_started))
         slot.fail()
         logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
-        raise exc
+        self._failures.append(exc)  # raised once the wait is handled whole
 
     def _move_to_another_port(self, slot: Slot) -> None:
         """Restart the worker at once with a worker id nobody uses: a Unity build's port is
@@ -532,6 +541,18 @@ def _is_port_in_use(exc: BaseException) -> bool:
         isinstance(exc, RemoteWorkerError)
         and exc.type_name == qualified_name(UnityWorkerInUseException)
     )
+
+
+# NOTE [ A wait is handled whole ]
+# One wait returns every event that is ready: replies, deaths, a worker's last words. Reading an
+# event consumes its bytes from the pipe, so an event left unhandled is lost: had a failure been
+# raised in the middle of the batch, a sibling's reply read in the same wait would be dropped,
+# its slot left BUSY, and that worker declared hung step_timeout_s later (the manager promises to
+# stay usable after one worker fails for good). So a failure that must reach the trainer is kept
+# as a value until the whole wait is handled, deadlines and restarts included, and then the first
+# one is raised; the steps handled meanwhile are returned by the next ``get_steps``, before any
+# new request goes out (the others' failures are logged, their slots FAILED). CPython's process
+# pool returns failures as values for the same reason.
 
 
 # NOTE [ Interpreter exit ]
