@@ -18,7 +18,8 @@ from mlagents_envs.exception import (
 )
 from mlagents_envs.rpc_communicator import RpcCommunicator
 
-from mlagents_plugin.core.errors import RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
+from mlagents_plugin.core.errors import ProtocolError, RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
+from mlagents_plugin.core.protocol import EnvironmentCommand
 from mlagents_plugin.core.restart import Cause, RestartPolicy
 from mlagents_plugin.testing import (
     HangingEnvironment,
@@ -362,3 +363,19 @@ def test_health_reaches_the_stats_reporter_and_close_summarises(env_manager_fact
         s.startswith("Env worker 1:") and "restarts: died 1" in s and "its last process exited" in s for s in summaries
     )
     assert any(s.startswith("Env worker 0:") and "restarts: none" in s for s in summaries)
+
+
+# ------------------------------------------------------------- requests a worker cannot serve
+
+
+@pytest.mark.timeout(60)  # far below step_timeout_s: the answer comes at once
+@pytest.mark.parametrize("command, payload, words", [
+    (EnvironmentCommand.ENVIRONMENT_PARAMETERS, [("__class__", ())], "refuses the parameter call '__class__'"),
+    (EnvironmentCommand.READY, None, "cannot serve READY: it is not a request a worker serves"),
+], ids=["parameter-call", "command"])
+def test_a_request_the_worker_cannot_serve_is_answered_at_once(env_manager_factory, command, payload, words):
+    manager = env_manager_factory(make_factory(SimpleEnvironment), 1, step_timeout_s=600.0)
+    manager.reset()
+    manager._send(manager._slots[0], command, payload)
+    with pytest.raises(ProtocolError, match=words):
+        step_until(manager, lambda: False)

@@ -65,6 +65,11 @@ class WorkerTimeoutError(EnvWorkerError):
     """A worker did not answer within its deadline."""
 
 
+class ProtocolError(RuntimeError):
+    """A worker got a request it cannot serve (a bug on the trainer's side, or a trainer and a
+    worker of different versions): it answers with this at once instead of dropping it."""
+
+
 class ManagerClosedError(RuntimeError):
     """The env manager was used after ``close()``."""
 

@@ -31,7 +31,8 @@ from mlagents_envs.side_channel.stats_side_channel import StatsSideChannel
 from mlagents_envs.timers import get_timer_root, reset_timers
 
 from mlagents_plugin.core import platform, signals, wire
-from mlagents_plugin.core.errors import BuildNotFoundError
+from mlagents_plugin.core.errors import BuildNotFoundError, ProtocolError
+from mlagents_plugin.core.names import command_name
 from mlagents_plugin.core.protocol import (
     PARAMETER_METHODS,
     EnvironmentCommand,
@@ -284,13 +285,22 @@ class _Worker:
                 self.send(EnvironmentCommand.RESET, self._step_payload())
             elif request.cmd == EnvironmentCommand.ENVIRONMENT_PARAMETERS:
                 for method, args in request.payload:
-                    if method in PARAMETER_METHODS:
-                        getattr(self.env_parameters, method)(*args)
+                    if method not in PARAMETER_METHODS:
+                        raise ProtocolError(
+                            f"env worker {self.spec.worker_id} refuses the parameter call {method!r}: "
+                            f"only {', '.join(PARAMETER_METHODS)} may be called"
+                        )
+                    getattr(self.env_parameters, method)(*args)
             elif request.cmd == EnvironmentCommand.TRAINING_STARTED:
                 if self.analytics is not None:
                     self.analytics.send_raw(request.payload)
             elif request.cmd == EnvironmentCommand.CLOSE:
                 return
+            else:  # a reply's command, or one this worker does not know: never dropped silently
+                raise ProtocolError(
+                    f"env worker {self.spec.worker_id} cannot serve {command_name(request.cmd)}: it is not "
+                    "a request a worker serves"
+                )
             self.command = None
 
     def _step_payload(self) -> StepPayload:
