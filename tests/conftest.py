@@ -105,6 +105,35 @@ def no_leftovers():
     assert not segments, f"shared memory left behind: {segments}"
 
 
+class ProcessStartedInFastTest(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_process(request, monkeypatch):
+    """A ``fast`` test runs in this process alone: every way of starting a process fails it."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    import multiprocessing.process
+    import multiprocessing.util
+    import subprocess
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # multiprocessing's helper, shared by every test: not the test's
+
+    def refuse(*args, **kwargs):
+        raise ProcessStartedInFastTest(f"{request.node.nodeid} is marked fast but starts a process")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
+    yield
+
+
 # ------------------------------------------------------------------------------- Ray
 
 # netguard refuses and logs any non-loopback connect from Python processes that load it. It is

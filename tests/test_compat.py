@@ -47,7 +47,8 @@ def test_the_latest_registration_wins_and_hooks_wrap_ml_agents_own_functions(ml_
     latest = learn.SubprocessEnvManager.__self__
     assert latest is not first
     config_file = tmp_path / "config.yaml"
-    config_file.write_text("behaviors: {}\nenv_manager:\n  step_timeout_s: 7\n")
+    # spawn: no fork server to start (the fast tier starts no process)
+    config_file.write_text("behaviors: {}\nenv_manager:\n  step_timeout_s: 7\n  start_method: spawn\n")
     config = mla_settings.load_config(str(config_file))
     assert "env_manager" not in config  # taken out once, by the latest registration
     assert latest.settings.step_timeout_s == 7 and first.settings.step_timeout_s is None

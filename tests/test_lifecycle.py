@@ -37,6 +37,17 @@ def test_the_suite_checks_invariants():
     assert lifecycle.CHECK_INVARIANTS
 
 
+@pytest.mark.parametrize("start", [
+    lambda: __import__("subprocess").run(["true"]),
+    lambda: __import__("multiprocessing").get_context("spawn").Process(target=print).start(),
+    lambda: os.fork(),
+], ids=["subprocess", "multiprocessing", "fork"])
+def test_the_fast_tier_starts_no_process(start):
+    """tests/conftest.py refuses every way of starting a process in a ``fast`` test."""
+    with pytest.raises(AssertionError, match="is marked fast but starts a process"):
+        start()
+
+
 class Harness:
     def __init__(self, script=None, n_env=2, run_options=None, departure_s=0.05, cpu_clock=time.process_time,
                  **settings):

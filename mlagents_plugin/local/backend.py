@@ -58,7 +58,7 @@ class ProcessBackend(Backend):
         self._kill_grace_s = settings.kill_grace_s
         self._hardening = hardening.layer(platform.hardened())  # NOTE [ Portable core, Linux hardening ]
         self._readiness = self._hardening.readiness()
-        self._ladder = Ladder(settings.shutdown_timeout_s, settings.kill_grace_s, self._readiness)
+        self._ladder = Ladder(settings.shutdown_timeout_s, settings.kill_grace_s, self._readiness, setup.clock)
         self._workers: Dict[int, _Worker] = {}  # by worker id: the live incarnations
         # worker id -> (segment prefix, the last segment its replies named), until it is reaped
         self._segments_of_departing: Dict[int, Tuple[str, Optional[str]]] = {}

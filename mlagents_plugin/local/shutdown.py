@@ -87,7 +87,15 @@ class _Departure:
 class Ladder:
     """Processes on their way out. ``advance`` never blocks; ``run`` blocks, with a deadline."""
 
-    def __init__(self, shutdown_timeout_s: float, kill_grace_s: float, readiness: Readiness):
+    def __init__(
+        self,
+        shutdown_timeout_s: float,
+        kill_grace_s: float,
+        readiness: Readiness,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """``clock`` is the manager's (the fast tier's is fake)."""
+        self.clock = clock
         self.shutdown_timeout_s = shutdown_timeout_s
         self.kill_grace_s = kill_grace_s
         self.readiness = readiness  # shared with the supervisor: one wait covers both
@@ -108,7 +116,7 @@ class Ladder:
         """Start taking ``process`` down, where ``reason`` says (NOTE above). Once it is reaped,
         whatever it left running (its tagged processes, its snapshotted children) is killed."""
         item = _Departure(key, process, conn, label, owner_tag, last_command, on_closed)
-        item.deadline = time.monotonic() + self.shutdown_timeout_s
+        item.deadline = self.clock() + self.shutdown_timeout_s
         self.departures.append(item)
         self.readiness.watch(process.sentinel, None)
         if conn is not None:
@@ -129,7 +137,7 @@ class Ladder:
 
     def advance(self) -> None:
         """Drain pipes, escalate what is past its deadline, reap what exited."""
-        now = time.monotonic()
+        now = self.clock()
         for item in list(self.departures):
             self._drain(item)
             if not item.process.is_alive():
@@ -158,7 +166,7 @@ class Ladder:
             deadline = self.next_deadline()
             if deadline is None:
                 break
-            self.readiness.wait(deadline - time.monotonic())
+            self.readiness.wait(deadline - self.clock())
 
     def hurry(self) -> None:
         """A first interrupt while closing: SIGTERM to every worker not past ``asked``, which
@@ -198,7 +206,7 @@ class Ladder:
         except (OSError, ValueError):
             pass  # already gone
         item.stage = stage
-        item.deadline = time.monotonic() + (
+        item.deadline = self.clock() + (
             self.kill_grace_s if stage is Stage.TERM else KILL_WAIT_S
         )
 
