@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import cloudpickle
 from mlagents_envs.exception import UnityWorkerInUseException
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot
 from mlagents_plugin.core.protocol import (
@@ -240,12 +240,13 @@ class FakeBackend(Backend):
         pending = [t for t in self.departures.values() if t > self.clock.now]
         return min(pending, default=None)
 
-    def close(self, interrupted: bool) -> None:
+    def close(self, interrupted: bool) -> List[WorkerTimers]:
         self.closes.append(interrupted)
         self._maybe_interrupted("close")
         if self.close_error is not None:
             raise self.close_error
         self.closed = True
+        return []
 
     def hurry(self) -> bool:
         self.hurried += 1

@@ -162,6 +162,22 @@ def test_subprocess_failing_step(manager_of, num_envs):
 
 
 @pytest.mark.timeout(120)
+def test_closing_workers_send_their_timers_to_the_trainers_tree(manager_of):
+    """As upstream: each worker's timer tree is merged under ``workers`` in the trainer's (the
+    timers.json of mlagents-learn); a closing worker's arrive as an event of the close."""
+    from mlagents_envs.timers import get_timer_tree, reset_timers
+
+    reset_timers()
+    manager = manager_of(make_factory(SimpleEnvironment), 2)
+    manager.reset()
+    for _ in range(10):
+        manager.get_steps()
+    manager.close()
+    workers = get_timer_tree().get("children", {}).get("workers", {})
+    assert "worker_root" in workers.get("children", {}), get_timer_tree()
+
+
+@pytest.mark.timeout(120)
 def test_an_error_never_costs_a_sibling_its_reply(manager_of):
     """Worker 0's own exception (not restartable) and worker 1's reply wait together for the
     trainer, which is slow to wait again: the caller catches the error and steps on, and

@@ -2,7 +2,8 @@
 
 The manager (manager.py) holds every decision; a backend only moves bytes and processes. It
 gets the slot for each call, reads and may set ``slot.placement``, and reports what happened in
-``wait`` as events, which the manager handles: a backend never calls back into the manager.
+``wait`` (and ``close``) as events, which the manager handles: a backend never calls back into
+the manager, nor imports it.
 local/supervisor.py is the process backend, ray/backend.py the Ray one, and the fast tests drive
 the manager with an in-memory one (tests/fake_backend.py).
 """
@@ -31,7 +32,13 @@ class Death(NamedTuple):
     error: WorkerDiedError
 
 
-Event = Union[Reply, Death]
+class WorkerTimers(NamedTuple):
+    """The timer tree a closing worker sent with its last message (CLOSED), for the trainer's."""
+
+    timer_root: Any
+
+
+Event = Union[Reply, Death, WorkerTimers]
 
 
 class BackendSetup(NamedTuple):
@@ -41,7 +48,6 @@ class BackendSetup(NamedTuple):
     n_env: int
     pickled_env_factory: bytes
     clock: Callable[[], float]
-    on_worker_timers: Callable[[Any], None]  # what becomes of a closing worker's timer tree
     # Whether workers may put large arrays in shared memory: not when the steps travel on to
     # a trainer on another machine (a Ray actor's process backend).
     shared_memory: bool = True
@@ -81,10 +87,11 @@ class Backend(abc.ABC):
         """Housekeeping after each wait (escalating departures that are overdue)."""
 
     @abc.abstractmethod
-    def close(self, interrupted: bool) -> None:
+    def close(self, interrupted: bool) -> List[WorkerTimers]:
         """Finish every departure, bounded (``interrupted``: kill at once), and let go of
-        everything the backend holds. Called after every live slot was released; called again
-        after ``hurry`` (or with ``interrupted``) when an interrupt stopped it."""
+        everything the backend holds; return the timers of the workers that closed meanwhile.
+        Called after every live slot was released; called again after ``hurry`` (or with
+        ``interrupted``) when an interrupt stopped it."""
 
     def hurry(self) -> bool:
         """A first interrupt while closing: speed the departures up without cutting an env's

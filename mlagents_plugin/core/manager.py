@@ -20,7 +20,7 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
 from mlagents_plugin.core import batching, factories, signals, worker_inputs
-from mlagents_plugin.core.backend import Backend, BackendSetup, Reply
+from mlagents_plugin.core.backend import Backend, BackendSetup, Reply, WorkerTimers
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
     ManagerClosedError,
@@ -103,7 +103,7 @@ class SupervisedManagerBase(EnvManager):
         self._health = HealthStats(n_env, clock)
         self._closed = False
         self._backend = backend(
-            BackendSetup(self.settings, n_env, self._pickled_factory, clock, merge_worker_timers)
+            BackendSetup(self.settings, n_env, self._pickled_factory, clock)
         )
         _open_managers.add(self)
         try:
@@ -251,7 +251,8 @@ class SupervisedManagerBase(EnvManager):
                     except Exception:  # the others are still to be released, and the backend closed
                         logger.exception(f"Releasing {slot.label} failed.")
                     slot.close()
-        self._backend.close(interrupted)
+        for timers in self._backend.close(interrupted):
+            merge_worker_timers(timers.timer_root)
 
     # ------------------------------------------------------------------------ stepping
 
@@ -371,6 +372,9 @@ class SupervisedManagerBase(EnvManager):
             events = self._backend.wait(bound_s)
             self._watched.waited(bound_s, started)
             for event in events:
+                if isinstance(event, WorkerTimers):
+                    merge_worker_timers(event.timer_root)
+                    continue
                 slot = event.slot
                 if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
                     if isinstance(event, Reply):

@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import factories, platform, wire
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot
 from mlagents_plugin.core.names import Placement, command_name
@@ -54,7 +54,7 @@ class ProcessBackend(Backend):
         token = secrets.token_hex(4)
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None
-        self._on_worker_timers = setup.on_worker_timers
+        self._timers: List[WorkerTimers] = []  # of workers that closed since the last wait
         self._kill_grace_s = settings.kill_grace_s
         self._hardening = hardening.layer(platform.hardened())  # NOTE [ Portable core, Linux hardening ]
         self._readiness = self._hardening.readiness()
@@ -114,7 +114,7 @@ class ProcessBackend(Backend):
             self._owner_tag(slot),
             slot.awaiting or slot.last_command,
             reason,
-            on_closed=self._on_worker_timers,
+            on_closed=lambda root: self._timers.append(WorkerTimers(root)),
         )
 
     def departing(self, worker_id: int) -> bool:
@@ -133,7 +133,7 @@ class ProcessBackend(Backend):
                 self._hardening.remove_segments(prefix, last_seen)
                 del self._segments_of_departing[worker_id]
 
-    def close(self, interrupted: bool) -> None:
+    def close(self, interrupted: bool) -> List[WorkerTimers]:
         """The ladder, to the end (NOTE [ Shutdown ladder ]): within shutdown_timeout_s +
         kill_grace_s (plus the moment SIGKILL takes), or at once when ``interrupted``. Then
         whatever the workers left."""
@@ -143,6 +143,8 @@ class ProcessBackend(Backend):
         self._readiness.close()
         self._kill_orphans()
         self._remove_segments_of_departed()
+        timers, self._timers = self._timers, []
+        return timers
 
     def port_holder(self, port: int) -> Optional[str]:
         return processes.port_holder(port)
@@ -178,7 +180,8 @@ class ProcessBackend(Backend):
             slot, incarnation, kind = data
             if slot.worker_id in self._workers and slot.incarnation == incarnation:
                 (exited if kind is _SENTINEL else readable)[slot.worker_id] = slot
-        events: List[Event] = []
+        events: List[Event] = list(self._timers)
+        self._timers = []
         for worker_id, slot in {**readable, **exited}.items():
             events += self._service(slot, worker_id in readable, worker_id in exited)
         return events

@@ -11,13 +11,13 @@ actor class.
 import os
 import threading
 import time
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import attr
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import platform
-from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason, Slot
 from mlagents_plugin.core.names import Placement
@@ -97,8 +97,7 @@ class EnvHostActor:
         settings = attr.evolve(settings, start_method=platform.default_start_method())
         self._backend = ProcessBackend(
             BackendSetup(
-                settings, n_env, pickled_env_factory, time.monotonic,
-                on_worker_timers=lambda timers: self._timers.append(timers), shared_memory=False,
+                settings, n_env, pickled_env_factory, time.monotonic, shared_memory=False,
             )
         )
         self._where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
@@ -194,7 +193,7 @@ class EnvHostActor:
         for slot in list(self._slots.values()):
             self._backend.release(slot, Reason.INTERRUPTED if interrupted else Reason.CLOSE)
         self._slots.clear()
-        self._backend.close(interrupted)
+        self._receive(self._backend.close(interrupted))  # the closed workers' timers
         return self._report()
 
     # ------------------------------------------------------------------------------ items
@@ -236,10 +235,13 @@ class EnvHostActor:
 
     # ----------------------------------------------------------------------------- events
 
-    def _receive(self, events: List[Event]) -> Set[int]:
+    def _receive(self, events: Sequence[Event]) -> Set[int]:
         """Keep what the workers said for the report; return who answered a request."""
         answered = set()
         for event in events:
+            if isinstance(event, WorkerTimers):
+                self._timers.append(event.timer_root)
+                continue
             slot = event.slot
             if self._slots.get(slot.worker_id) is not slot:
                 continue  # from an incarnation released meanwhile

@@ -15,10 +15,10 @@ from typing import Any, Dict, List, Optional, Set
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot, WorkerState
-from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase, merge_worker_timers
+from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase
 from mlagents_plugin.core.names import Placement, command_name, zombie_report
 from mlagents_plugin.core.protocol import EnvironmentCommand, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
@@ -133,6 +133,7 @@ class RayBackend(Backend):
         self._clock = setup.clock
         self._hosts = [_Host(h) for h in range(math.ceil(setup.n_env / self._k))]
         self._outcomes: Dict[int, str] = {}
+        self._timers: List[WorkerTimers] = []  # of workers that closed, reported by their actors
         # An actor that answered before but not this call within this long is wedged (its node
         # frozen, a worker stopped halfway through a reply it is reading): it is killed.
         self._call_bound_s = CALL_WAIT_S + settings.shutdown_timeout_s + settings.kill_grace_s + CLOSE_SLACK_S
@@ -208,7 +209,7 @@ class RayBackend(Backend):
         host.drop_calls()
         host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
 
-    def close(self, interrupted: bool) -> None:
+    def close(self, interrupted: bool) -> List[WorkerTimers]:
         """Every actor takes its workers down with its own ladder, bounded by shutdown_timeout_s
         + kill_grace_s + CLOSE_SLACK_S (at once when ``interrupted``); an actor that does not
         answer by then is killed. Then let go of Ray."""
@@ -218,7 +219,7 @@ class RayBackend(Backend):
             # (NOTE [ No orphans ]).
             logger.info("Ray was shut down before the env manager: its actors went with it.")
             self._leave_ray()
-            return
+            return []
         try:
             closing: Dict[Any, _Host] = {}
             for host in self._hosts:
@@ -249,6 +250,8 @@ class RayBackend(Backend):
                 host.read_applied(timeout=max(0.0, read_until - self._clock()))
         finally:
             self._leave_ray()
+        timers, self._timers = self._timers, []
+        return timers
 
     def _finish(self, host: _Host, ref: Any) -> None:
         try:
@@ -276,7 +279,8 @@ class RayBackend(Backend):
     def wait(self, timeout: float) -> List[Event]:
         """Send each host what it has (NOTE [ Hosts ]), then block in ``ray.wait`` on every
         call in flight (no polling on this side)."""
-        events: List[Event] = []
+        events: List[Event] = list(self._timers)
+        self._timers = []
         for host in self._hosts:
             events += host.deaths
             host.deaths = []
@@ -363,8 +367,7 @@ class RayBackend(Backend):
         }
         host.departing = set(report.departing) | set(host.unreported)
         self._outcomes.update(report.outcomes)
-        for timers in report.timers:
-            merge_worker_timers(timers)
+        self._timers += [WorkerTimers(root) for root in report.timers]
 
 
 def _first_line(exc: BaseException) -> str:
