@@ -18,6 +18,7 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot
+from mlagents_plugin.core.names import Placement
 from mlagents_plugin.core.protocol import (
     EnvironmentCommand,
     EnvironmentResponse,
@@ -176,12 +177,13 @@ class FakeBackend(Backend):
         if self.interrupt_at.get(method) == self._calls[method]:
             signal.raise_signal(signal.SIGINT)  # its handler runs now, or when it is no longer held
 
-    def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+    def launch(self, slot: Slot, spec: WorkerSpec) -> Placement:
         self._maybe_interrupted("launch")
         self.launches.append((slot.worker_id, spec.incarnation, spec.env_worker_id, self.clock.now))
         worker = _FakeWorker(slot, spec, self.script(spec.worker_id, spec.incarnation), self.clock.now)
         self.workers[slot.worker_id] = worker
         self._schedule(worker.build())
+        return Placement(slot.worker_id, worker.pid, "localhost")
 
     def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
         self.deliveries.append((slot.worker_id, command, self.clock.now))

@@ -1,7 +1,7 @@
 """What a backend is: how workers are started, reached, waited for and taken down.
 
 The manager (manager.py) holds every decision; a backend only moves bytes and processes. It
-gets the slot for each call, reads and may set ``slot.placement``, and reports what happened in
+gets the slot for each call and reads it (no module outside core/ writes a slot), and reports what happened in
 ``wait`` (and ``close``) as events, which the manager handles: a backend never calls back into
 the manager, nor imports it.
 local/supervisor.py is the process backend, ray/backend.py the Ray one, and the fast tests drive
@@ -12,6 +12,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot
+from mlagents_plugin.core.names import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentResponse, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
 
@@ -32,13 +33,21 @@ class Death(NamedTuple):
     error: WorkerDiedError
 
 
+class Placed(NamedTuple):
+    """Where a worker incarnation runs, once the backend knows it (a Ray actor reports it)."""
+
+    slot: Slot
+    incarnation: int
+    placement: Placement
+
+
 class WorkerTimers(NamedTuple):
     """The timer tree a closing worker sent with its last message (CLOSED), for the trainer's."""
 
     timer_root: Any
 
 
-Event = Union[Reply, Death, WorkerTimers]
+Event = Union[Reply, Death, Placed, WorkerTimers]
 
 
 class BackendSetup(NamedTuple):
@@ -58,9 +67,10 @@ class Backend(abc.ABC):
     WORKERS_ON_OTHER_MACHINES = False
 
     @abc.abstractmethod
-    def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+    def launch(self, slot: Slot, spec: WorkerSpec) -> Optional[Placement]:
         """Start the slot's new incarnation (``slot.incarnation``) from ``spec``; the backend
-        fills in its part of the spec (owner tag, shared memory)."""
+        fills in its part of the spec (owner tag, shared memory). Returns where it runs if that
+        is known at once; else a ``Placed`` event says so later."""
 
     @abc.abstractmethod
     def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:

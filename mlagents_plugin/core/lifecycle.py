@@ -105,6 +105,11 @@ class Slot:
         self.previous_step = None
         self.previous_all_action_info = {}
 
+    def placed(self, placement: Placement) -> None:
+        """The backend says where the current incarnation runs."""
+        self._expect(*LIVE)
+        self.placement = placement
+
     def sent(self, command: EnvironmentCommand) -> None:
         self.last_command = command
 

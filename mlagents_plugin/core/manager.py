@@ -20,7 +20,7 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
 from mlagents_plugin.core import batching, factories, signals, worker_inputs
-from mlagents_plugin.core.backend import Backend, BackendSetup, Reply, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Placed, Reply, WorkerTimers
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
     ManagerClosedError,
@@ -314,7 +314,9 @@ class SupervisedManagerBase(EnvManager):
         with signals.deferred():  # NOTE [ Trainer signals ]: no process nobody knows of
             slot.launch(self._watched.now(), self._startup_timeout_s)
             try:
-                self._backend.launch(slot, self._worker_spec(slot))
+                placement = self._backend.launch(slot, self._worker_spec(slot))
+                if placement is not None:
+                    slot.placed(placement)
             except BaseException:
                 slot.close()  # nothing of it runs: nothing to release
                 raise
@@ -379,6 +381,8 @@ class SupervisedManagerBase(EnvManager):
                 if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
                     if isinstance(event, Reply):
                         self._handle(slot, event)
+                    elif isinstance(event, Placed):
+                        slot.placed(event.placement)
                     else:
                         self._fail(slot, event.error)
             self._backend.advance()

@@ -63,7 +63,7 @@ class ProcessBackend(Backend):
         # worker id -> (segment prefix, the last segment its replies named), until it is reaped
         self._segments_of_departing: Dict[int, Tuple[str, Optional[str]]] = {}
 
-    def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+    def launch(self, slot: Slot, spec: WorkerSpec) -> Placement:
         spec = spec._replace(
             owner_tag=self._owner_tag(slot),
             hardened=self._hardening.hardened,
@@ -72,10 +72,10 @@ class ProcessBackend(Backend):
         process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
         self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
-        slot.placement = Placement(slot.worker_id, process.pid, "localhost")
         self._workers[slot.worker_id] = _Worker(process, conn)
         self._readiness.watch(process.sentinel, (slot, slot.incarnation, _SENTINEL))
         self._readiness.watch(conn, (slot, slot.incarnation, _PIPE))
+        return Placement(slot.worker_id, process.pid, "localhost")
 
     def _owner_tag(self, slot: Slot) -> str:
         """What the slot's current incarnation tags its descendants with (NOTE [ No orphans ])."""

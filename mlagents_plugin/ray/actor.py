@@ -204,10 +204,10 @@ class EnvHostActor:
         logging_util.set_log_level(spec.log_level)
         slot = Slot(spec.worker_id)
         slot.incarnation = spec.incarnation
-        self._backend.launch(slot, spec)
-        assert slot.placement is not None and slot.placement.pid is not None  # set by launch
-        pid = slot.placement.pid
-        node_id, address, actor_pid = self._where
+        placement = self._backend.launch(slot, spec)
+        assert placement is not None and placement.pid is not None  # the process backend knows at once
+        pid = placement.pid
+        node_id, address, actor_pid = self._where  # for the labels of the actor's own reports
         slot.placement = Placement(slot.worker_id, pid, address, node_id, actor_pid)
         self._slots[spec.worker_id] = slot
         self._ready.discard(spec.worker_id)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set
 from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Placed, Reply, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason, Slot, WorkerState
 from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase
@@ -157,7 +157,7 @@ class RayBackend(Backend):
     def _host(self, worker_id: int) -> _Host:
         return self._hosts[worker_id // self._k]
 
-    def launch(self, slot: Slot, spec: WorkerSpec) -> None:
+    def launch(self, slot: Slot, spec: WorkerSpec) -> None:  # placed when its actor reports
         host = self._host(slot.worker_id)
         if host.actor is None:
             host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
@@ -327,8 +327,7 @@ class RayBackend(Backend):
             host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
             return events
         host.answered = True
-        self._absorb(host, report, host.exchanges - 1)
-        events = []
+        events = self._absorb(host, report, host.exchanges - 1)
         for event in report.events:
             owner = host.slots.get(event.worker_id)
             if owner is None or owner.incarnation != event.incarnation:
@@ -354,20 +353,22 @@ class RayBackend(Backend):
                 logger.error(f"Ray actor of env workers {sorted(host.slots)}: {why}.")
                 self._kill_host(host, why)
 
-    def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int] = None) -> None:
+    def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int] = None) -> List[Event]:
         """Where the host's workers run, which are still departing, and their timers;
         ``exchange``: the number of the exchange that reported (None: the actor's close)."""
+        placed: List[Event] = []
         node_id, address, actor_pid = report.where
         for (worker_id, incarnation), pid in report.pids.items():
             slot = host.slots.get(worker_id)
             if slot is not None and slot.incarnation == incarnation:
-                slot.placement = Placement(worker_id, pid, address, node_id, actor_pid)
+                placed.append(Placed(slot, incarnation, Placement(worker_id, pid, address, node_id, actor_pid)))
         host.unreported = {
             w: first for w, first in host.unreported.items() if exchange is not None and exchange < first
         }
         host.departing = set(report.departing) | set(host.unreported)
         self._outcomes.update(report.outcomes)
         self._timers += [WorkerTimers(root) for root in report.timers]
+        return placed
 
 
 def _first_line(exc: BaseException) -> str:
