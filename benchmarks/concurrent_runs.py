@@ -10,10 +10,12 @@ meets nothing else that runs here.
 """
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -51,20 +53,27 @@ def measure(manager: str, n_runs: int, build: Path, work: Path) -> Dict:
                    "--env-args", "--num-agents", "4"]
         runs.append(subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True))
-    firsts, texts = [], []
+    firsts: List[float] = [float("inf")] * n_runs
+    texts: List[List[str]] = [[] for _ in runs]
+
+    def read(i: int) -> None:  # one reader per run: none waits for another's pipe
+        for line in runs[i].stdout:  # type: ignore[union-attr]
+            texts[i].append(line)
+            if firsts[i] == float("inf") and FIRST_SUMMARY in line:
+                firsts[i] = time.monotonic() - started
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(n_runs)]
+    for reader in readers:
+        reader.start()
     for run in runs:
-        first = None
-        lines = []
-        for line in run.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if first is None and FIRST_SUMMARY in line:
-                first = time.monotonic() - started
-            if time.monotonic() - started > TIMEOUT_S:
-                os.killpg(run.pid, 9)
-        run.wait()
-        firsts.append(first if first is not None else float("inf"))
-        texts.append("".join(lines))
-    text = "\n".join(texts)
+        try:
+            run.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    text = "\n".join("".join(lines) for lines in texts)
     return {
         "manager": manager, "runs": n_runs,
         "first_summary_s": firsts,

@@ -53,8 +53,10 @@ def test_run_uses_supervised_manager_and_writes_valid_onnx(tmp_path):
         ("fast", [], "env_manager: expected a mapping of settings (enabled, backend,"),
         ({}, ["--num-envs=0"], "--num-envs 0: a run needs at least one env"),
         ({}, ["--num-envs=-3"], "--num-envs -3: a run needs at least one env"),
+        ({}, ["--timeout-wait=1000000000"], "--timeout-wait=1000000000 is too long for the deadlines derived"),
     ],
-    ids=["unknown-key", "wrong-type", "bad-choice", "negative", "not-a-mapping", "no-envs", "negative-envs"],
+    ids=["unknown-key", "wrong-type", "bad-choice", "negative", "not-a-mapping", "no-envs", "negative-envs",
+         "timeout-wait"],
 )
 def test_a_configuration_error_is_one_line_before_anything_starts(tmp_path, section, args, expected):
     config = python_env_config(tmp_path, section if section else None)

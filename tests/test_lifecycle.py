@@ -5,7 +5,6 @@ invariants are checked after every pump (MLAGENTS_PLUGIN_CHECK, set by conftest.
 import logging
 import os
 import signal
-import time
 from typing import List
 
 import pytest
@@ -49,9 +48,8 @@ def test_the_fast_tier_starts_no_process(start):
 
 
 class Harness:
-    def __init__(self, script=None, n_env=2, run_options=None, departure_s=0.05, cpu_clock=time.process_time,
-                 **settings):
-        self.clock = FakeClock()
+    def __init__(self, script=None, n_env=2, run_options=None, departure_s=0.05, cpu_clock=None, **settings):
+        self.clock = FakeClock()  # the trainer's CPU time too, unless a test gives its own (cpu_clock)
         self.run_options = run_options or RunOptions()
         self.backends: List[FakeBackend] = []
 
@@ -61,7 +59,7 @@ class Harness:
 
         self.manager = SupervisedManagerBase(
             make_factory(SimpleEnvironment), self.run_options, n_env,
-            EnvManagerSettings(**settings), backend, self.clock, cpu_clock,
+            EnvManagerSettings(**settings), backend, self.clock, cpu_clock or self.clock,
         )
         self.backend = self.backends[0]
 

@@ -80,10 +80,11 @@ def test_ctrl_z_then_fg_restarts_nothing(tmp_path, builds):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.5], ids=["launch", "handshake", "reset"])
+@pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.5])
 def test_ctrl_c_while_the_builds_start_is_an_ordinary_interrupt(tmp_path, builds, delay_s):
-    """Ctrl-C that many seconds after the `Env manager:` line, while 4 workers launch, connect
-    to their players and reset: ML-Agents' interrupt (exit 0), never an error from close()."""
+    """Ctrl-C that many seconds after the `Env manager:` line: somewhere while 4 workers launch,
+    connect to their players and reset (the fast tier hits each launch exactly):
+    ML-Agents' interrupt (exit 0), never an error from close()."""
     trainer = start_learn(tmp_path, learn_command(
         goal_config(tmp_path), f"--env={builds / 'goal'}", "--num-envs=4", f"--base-port={free_port_block(16)}",
         "--env-args", "--num-agents", "4",
@@ -123,7 +124,10 @@ def test_one_ctrl_c_while_closing_lets_the_envs_close(tmp_path):
     output: list = []
     try:
         wait_for_line(trainer, "Copied ", output)  # the model is exported; close() comes next
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while len(list(closed.glob("*.closing"))) < 2:  # both envs are in their close()
+            assert time.monotonic() < deadline and trainer.poll() is None, "".join(output)[-3000:]
+            time.sleep(0.05)
         os.killpg(trainer.pid, signal.SIGINT)
         finish(trainer, output, timeout_s=60)
     finally:
@@ -131,7 +135,7 @@ def test_one_ctrl_c_while_closing_lets_the_envs_close(tmp_path):
             os.killpg(trainer.pid, signal.SIGKILL)
     text = "".join(output)
     assert "Interrupted while closing" in text and "Interrupted again" not in text, text[-3000:]
-    assert sorted(p.name for p in closed.iterdir()) == ["0", "1"], text[-3000:]
+    assert sorted(p.name for p in closed.iterdir() if p.suffix != ".closing") == ["0", "1"], text[-3000:]
     assert trainer.returncode == 0 and "Traceback" not in text
 
 

@@ -69,10 +69,10 @@ class SupervisedManagerBase(EnvManager):
         settings: Optional[EnvManagerSettings],
         backend: Callable[[BackendSetup], Backend],
         clock: Callable[[], float] = time.monotonic,
-        cpu_clock: Callable[[], float] = time.process_time,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ):
         """``backend`` builds the transport (a Backend subclass); ``clock`` and ``cpu_clock`` (this
-        process's CPU time) are injected by the fast tests. Every worker is started before this
+        thread's CPU time) are injected by the fast tests. Every worker is started before this
         returns."""
         super().__init__()
         if not callable(env_factory):
@@ -216,22 +216,38 @@ class SupervisedManagerBase(EnvManager):
                 )
                 self._close_workers(False)
         except KeyboardInterrupt:
-            logger.warning("Interrupted again while closing: killing the env workers now.")
-            for _ in range(3):  # each further Ctrl-C lands between two releases: go on from there
-                try:
-                    self._close_workers(True)
-                    break
-                except KeyboardInterrupt:
-                    pass
+            self._kill_workers()
         except Exception:
             logger.exception(f"Closing the env workers of this {type(self).__name__} failed.")
         finally:
+            self._summarize()
+
+    def _kill_workers(self) -> None:
+        """A second interrupt while closing: every worker is killed at once. Each further one
+        lands between two releases, and the next attempt goes on from there."""
+        for _ in range(3):
+            try:
+                logger.warning("Interrupted again while closing: killing the env workers now.")
+                self._close_workers(True)
+                return
+            except KeyboardInterrupt:
+                continue
+            except Exception:
+                logger.exception(f"Killing the env workers of this {type(self).__name__} failed.")
+                return
+
+    def _summarize(self) -> None:
+        """One line per worker: how it did, and how its last process ended. Never raises: an
+        interrupt now would only cut the summary short."""
+        try:
             for slot in self._slots:
                 slot.close()
                 logger.info(
                     f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
                     f"its last process {self._backend.outcome(slot.worker_id)}."
                 )
+        except KeyboardInterrupt:
+            pass
 
     def _close_workers(self, interrupted: bool) -> None:
         """Release every live slot, then finish the backend's ladder; where an interrupt stopped
@@ -471,12 +487,17 @@ class SupervisedManagerBase(EnvManager):
         (raised by ``_pump`` when the wait is handled whole).
 
         Only this worker restarts; the others keep stepping. Its steps not yet returned, and
-        its partial trajectories, are dropped: they came from the env that failed.
+        its partial trajectories, are dropped: they came from the env that failed. Released and
+        moved on as one step (NOTE [ Trainer signals ]: an interrupt between the two would leave
+        a live slot whose process the backend no longer has).
         """
+        with signals.deferred():
+            self._release_failed(slot, exc, reason)
+
+    def _release_failed(self, slot: Slot, exc: BaseException, reason: Reason) -> None:
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
-        with signals.deferred():
-            self._backend.release(slot, reason)
+        self._backend.release(slot, reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
             self._move_to_another_port(slot)

@@ -236,7 +236,10 @@ class EnvManagerSettings:
         mlagents-envs gives up on a Unity build after ``--timeout-wait`` seconds with a
         UnityTimeOutException, the better message; our deadlines leave it time to do so.
         """
-        timeout_wait = float(run_options.env_settings.timeout_wait)
+        return self.resolved_for(run_options.env_settings.timeout_wait)
+
+    def resolved_for(self, timeout_wait: float) -> "EnvManagerSettings":
+        """``resolved``, from ``--timeout-wait`` alone (checked before the run folder exists)."""
         try:
             return attr.evolve(
                 self,
@@ -246,9 +249,9 @@ class EnvManagerSettings:
             )
         except ValueError as e:
             raise ConfigError(
-                f"--timeout-wait={run_options.env_settings.timeout_wait} is too long for the "
-                f"deadlines derived from it: {e.args[0]} Set env_manager.startup_timeout_s and "
-                "step_timeout_s, or a shorter --timeout-wait."
+                f"--timeout-wait={timeout_wait} is too long for the deadlines derived from it: "
+                f"{e.args[0]}. Set env_manager.startup_timeout_s and step_timeout_s, or a shorter "
+                "--timeout-wait."
             ) from None
 
     def as_dict(self) -> Dict[str, Any]:

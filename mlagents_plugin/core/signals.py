@@ -21,13 +21,13 @@
 # A hangup reaches multiprocessing's helpers too (the fork server, the resource tracker), which
 # ignore SIGINT but not SIGHUP: killed by it, the fork server takes the workers' exit codes with
 # it and the resource tracker its registrations. An ignored signal stays ignored across fork and
-# exec, so they are started with SIGHUP ignored (``hangup_ignored``).
+# exec, so they are started with SIGHUP ignored.
 """
 import contextlib
 import signal
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Iterator, List, Optional
 
 _interrupts = 0
 
@@ -55,36 +55,50 @@ def interrupted_twice() -> bool:
 
 def _interrupt(signum: int, frame: Any) -> None:
     global _interrupts
+    if _held is not None:  # inside ``deferred``: handled when it ends
+        _held.append(signum)
+        return
     _interrupts += 1
     raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+
+# The signals ``deferred`` holds, while it does; None outside it.
+_held: Optional[List[int]] = None
 
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Hold the stop signals until the block ends, then handle them (NOTE [ Trainer signals ]).
-    Only the main thread receives signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+
+    Our handler (``install``) holds them itself, so no handler is ever swapped under a signal;
+    where Python's own Ctrl-C handler is in force (a program of its own, tests), SIGINT's alone
+    is swapped for the block. Only the main thread receives signals; elsewhere, and inside an
+    outer ``deferred``, this does nothing."""
+    global _held
+    if threading.current_thread() is not threading.main_thread() or _held is not None:
         yield
         return
     held: List[int] = []
-    handlers: Dict[int, Callable[[int, Any], Any]] = {}
-    for sig in _stop_signals():
-        handler = signal.getsignal(sig)
-        if callable(handler):  # Python's or ours; SIG_DFL and SIG_IGN are not held
-            handlers[sig] = handler
-            signal.signal(sig, lambda signum, frame: held.append(signum))
+    pythons = False
+    _held = held
     try:
+        pythons = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if pythons:
+            signal.signal(signal.SIGINT, _interrupt)  # holds while _held is set
         yield
     finally:
-        for held_sig, handler in handlers.items():
-            signal.signal(held_sig, handler)
-        for signum in held[:-1]:  # each is counted (a second Ctrl-C is a second one) ...
+        if pythons:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        _held = None
+        if held and pythons:
+            raise KeyboardInterrupt
+        for signum in held[:-1]:  # each one counts (a second Ctrl-C is a second one) ...
             try:
-                handlers[signum](signum, None)
+                _interrupt(signum, None)
             except KeyboardInterrupt:
                 pass
         if held:  # ... and the last one raises
-            handlers[held[-1]](held[-1], None)
+            _interrupt(held[-1], None)
 
 
 _INTERRUPTS = ("SIGINT", "SIGHUP")
@@ -104,9 +118,9 @@ def children_ignore_interrupts() -> Iterator[None]:
     from multiprocessing import resource_tracker
 
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in _INTERRUPTS})
     try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in _INTERRUPTS})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -14,8 +14,12 @@
 # - inside its wait: a wait bounded by T seconds that returns after E > T + TOLERANCE_S lost
 #   E - T (the process was stopped or suspended while it slept);
 # - between two waits, while the trainer does its own work (the policy update, writing
-#   summaries): the wall time that the trainer's process did not spend on CPU, when more than
-#   TOLERANCE_S, is time it was stopped, suspended or starved (blocked on a slow disk, too).
+#   summaries): the wall time that the trainer's main thread did not spend on CPU, when more
+#   than TOLERANCE_S, is time it was stopped, suspended or starved (blocked on a slow disk or a
+#   GPU, too: such a gap only makes a hang take longer to declare). The main thread's CPU time,
+#   not the process's: torch's other threads would otherwise hide a stop during an update.
+#   The gap is counted as soon as anything reads the clock (a request sent before the next wait
+#   gets a deadline that already leaves it out).
 # A worker stopped on its own (SIGSTOP to it alone, the chaos run's case) is still caught: the
 # trainer keeps waiting in bounded slices that each return on time, so its silence is watched.
 # A gap only ever delays a deadline; a worker that is really hung is declared so once the
@@ -33,22 +37,29 @@ TOLERANCE_S = 0.5
 class WatchedClock:
     """``now()``: the wall clock (``clock``) without the gaps nobody watched."""
 
-    def __init__(self, clock: Callable[[], float], cpu_clock: Callable[[], float] = time.process_time):
+    def __init__(self, clock: Callable[[], float], cpu_clock: Callable[[], float] = time.thread_time):
         self._clock = clock
         self._cpu_clock = cpu_clock
         self.unwatched_s = 0.0  # the sum of every gap so far
         self._left: Optional[Tuple[float, float]] = None  # (wall, CPU) when the loop last left
 
     def now(self) -> float:
+        self._catch_up()
         return self._clock() - self.unwatched_s
 
     def entered(self) -> None:
-        """The manager's loop runs again: count the time since it left that the trainer's
-        process spent neither on CPU nor in the loop."""
+        """The manager's loop runs again."""
+        self._catch_up()
+        self._left = None
+
+    def _catch_up(self) -> None:
+        """Count the time since the loop left that the main thread spent neither on CPU nor in
+        the loop (once: the count starts again from now)."""
         if self._left is not None:
             wall, cpu = self._left
-            self._lost((self._clock() - wall) - (self._cpu_clock() - cpu))
-            self._left = None
+            now_wall, now_cpu = self._clock(), self._cpu_clock()
+            self._lost((now_wall - wall) - (now_cpu - cpu))
+            self._left = (now_wall, now_cpu)
 
     def waited(self, bound_s: float, started: float) -> None:
         """A wait bounded by ``bound_s``, started at wall time ``started``, has returned."""

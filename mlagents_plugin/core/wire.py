@@ -220,7 +220,10 @@ def _reserve(segment: shared_memory.SharedMemory) -> Optional[str]:
     Linux only: elsewhere segments are not files of a size-limited tmpfs."""
     if sys.platform != "linux":
         return None
-    fd = os.open(os.path.join(DEV_SHM, segment.name.lstrip("/")), os.O_RDWR)
+    try:
+        fd = os.open(os.path.join(DEV_SHM, segment.name.lstrip("/")), os.O_RDWR)
+    except OSError as e:
+        return f"the shared memory segment cannot be opened in {DEV_SHM} ({e.strerror})"
     try:
         os.posix_fallocate(fd, 0, segment.size)
     except OSError as e:

@@ -55,6 +55,8 @@ class Run:
         self.settings = settings = parse_section(config.pop(SECTION, None))
         if settings.env is not None:
             python_envs.resolve(settings.env)  # fails here, before ML-Agents makes the run folder
+        if settings.enabled:
+            env_manager_class(settings)  # backend: ray without Ray installed fails here too
         start_method = settings.start_method or platform.default_start_method()
         if settings.enabled and settings.backend == "subprocess" and start_method == "forkserver":
             # What the env factory will need: the Python env's module, or UnityEnvironment.
@@ -65,6 +67,7 @@ class Run:
         """Refuse ``--env``/``--num-envs`` combinations that cannot train, before the results
         folder exists (ML-Agents' own check, which we take over, refuses more)."""
         python_env = self.settings.enabled and self.settings.env is not None
+        self.settings.resolved_for(env_settings.timeout_wait)  # deadlines that can work
         if env_settings.num_envs < 1:
             raise ConfigError(f"--num-envs {env_settings.num_envs}: a run needs at least one env")
         if python_env and env_settings.env_path is not None:

@@ -94,7 +94,9 @@ class ProcessBackend(Backend):
     def release(self, slot: Slot, reason: Reason) -> None:
         """Hand the slot's process to the shutdown ladder (CLOSE first, if it may still read
         it); its shared memory goes once it is reaped."""
-        worker = self._workers.pop(slot.worker_id)
+        worker = self._workers.pop(slot.worker_id, None)
+        if worker is None:  # never started (a launch that failed), or released already
+            return
         if reason is Reason.CLOSE:
             close = EnvironmentRequest(EnvironmentCommand.CLOSE, slot.worker_id, slot.incarnation)
             _send(worker, pack(close))
@@ -150,6 +152,8 @@ class ProcessBackend(Backend):
         return processes.port_holder(port)
 
     def hurry(self) -> bool:
+        if sys.platform == "win32":  # its SIGTERM is TerminateProcess: it would cut envs' close short
+            return False
         self._ladder.hurry()
         return True
 

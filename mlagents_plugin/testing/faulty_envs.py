@@ -220,8 +220,9 @@ class PlayerLaunchingEnvironment(SimpleEnvironment):
 
 
 class SlowClosingEnvironment(SimpleEnvironment):
-    """``close()`` takes ``close_s`` seconds, as a Unity player may to quit; then it writes a
-    file named after its worker id into ``closed_dir``, so a test can tell that it finished."""
+    """``close()`` takes ``close_s`` seconds, as a Unity player may to quit. Into ``closed_dir``
+    it writes ``<worker id>.closing`` when it starts and ``<worker id>`` when it is done, so a
+    test can tell where it is."""
 
     def __init__(self, *args: Any, close_s: float, closed_dir: str, **kwargs: Any):
         self.close_s = close_s
@@ -229,6 +230,7 @@ class SlowClosingEnvironment(SimpleEnvironment):
         super().__init__(*args, **kwargs)
 
     def close(self) -> None:
+        open(os.path.join(self.closed_dir, f"{self.worker_id}.closing"), "w").close()
         time.sleep(self.close_s)
         open(os.path.join(self.closed_dir, str(self.worker_id)), "w").close()
 
