@@ -62,8 +62,8 @@ def test_a_configuration_error_is_one_line_before_anything_starts(tmp_path, sect
     config = python_env_config(tmp_path, section if section else None)
     result = run_learn(tmp_path, config, *(args or ["--num-envs=2"]), timeout=100)
     assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if "Warning" not in line and "pkg_resources" not in line]
-    assert len(errors) == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mlagents-learn:")]
+    assert len(errors) == 1 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
     assert errors[0].startswith(f"mlagents-learn: configuration error: {expected}")
     assert errors[0].endswith("(--debug shows where)")
     assert "Traceback" not in result.stdout + result.stderr
