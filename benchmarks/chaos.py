@@ -23,7 +23,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from typing import Dict, List, NamedTuple
 
 import psutil
 import yaml
+
+from mlagents_plugin.testing.ports import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
@@ -95,19 +96,6 @@ class Log:
         with self.lock:
             stamps = [at for at, line in self.lines if "Step: " in line]
         return stamps[-1] if stamps else 0.0
-
-
-def free_port_block(size: int) -> int:
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 60000 - size)
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("localhost", port))
-            return base
-        except OSError:
-            continue
 
 
 def slots(trainer_pid: int, base_port: int) -> Dict[int, Dict[str, psutil.Process]]:

@@ -19,7 +19,6 @@ and netguard on the PYTHONPATH of every Ray process where it exists (NETGUARD_DI
 import argparse
 import importlib.util
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
+from mlagents_plugin.testing.ports import free_port_block
 
 STEP_S = 0.05
 NETGUARD_DIR = Path(os.environ.get("NETGUARD_DIR", Path(__file__).resolve().parents[2] / "shared" / "netguard"))
@@ -77,18 +77,6 @@ def measure(make: Callable[[], Any], n_env: int, seconds: float) -> Dict[str, An
         "nodes": len(nodes),
         "actors": len(actors - {None}),
     }
-
-
-def free_port_block(size: int) -> int:
-    base = 21000 + (os.getpid() * 53) % 25000
-    while True:
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            base += size
 
 
 def build_factory(tmp: str, n_env: int) -> Callable[..., Any]:

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from mlagents_plugin.testing.ports import free_port_block
+
 if __name__ in ("__main__", "__mp_main__"):
     # A measurement's trainer imports, at the top of its main module, what mlagents-learn's script
     # does: upstream's spawned workers import the main module again, as they do under mlagents-learn.
@@ -57,7 +59,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
             factory = make_factory(SimpleEnvironment, num_agents=4)
         else:
             build = make_build(tmp, "goal")
-            base_port = _free_port_block(2 * n_env + 4)
+            base_port = free_port_block(2 * n_env + 4)
             factory = create_environment_factory(
                 str(build.with_suffix("")), True, True, 0, 1, 60, base_port, [], tmp
             )
@@ -87,20 +89,6 @@ def _child(which: str, env: str, n_env: int) -> Dict:
                     str(build.with_suffix("")), True, True, 0, 1, 60, base_port + n_env + 2, [], tmp
                 )
     return results
-
-
-def _free_port_block(size: int) -> int:
-    import socket
-
-    base = 20000 + (os.getpid() * 37) % 30000
-    while True:
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("localhost", port))
-            return base
-        except OSError:
-            base += size
 
 
 def _bare_mlagents_envs() -> Dict[str, float]:

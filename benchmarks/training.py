@@ -27,6 +27,8 @@ from typing import Dict, List, Tuple
 import psutil
 import yaml
 
+from mlagents_plugin.testing.ports import free_port_block
+
 MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
 MANAGERS = ("upstream", "ours unbatched", "ours batched")
 ENV_MANAGER_SECTION = {
@@ -81,7 +83,7 @@ def player_run(manager: str, builds: int, agents: int, max_steps: int, work: Pat
     config_path.write_text(yaml.safe_dump(config))
     command = [
         MLAGENTS_LEARN, str(config_path), f"--env={work / 'builds' / 'goal'}", f"--num-envs={builds}",
-        f"--run-id={run_id}", "--seed=1", f"--base-port={_free_port_block(builds + 1)}", "--no-graphics",
+        f"--run-id={run_id}", "--seed=1", f"--base-port={free_port_block(builds + 1)}", "--no-graphics",
         "--env-args", "--num-agents", str(agents),
     ]
     trainer = subprocess.Popen(  # its own group: a failed run is killed with its workers and players
@@ -110,28 +112,6 @@ def player_run(manager: str, builds: int, agents: int, max_steps: int, work: Pat
         raise RuntimeError(f"mlagents-learn ({manager}) exited {trainer.returncode}:\n{''.join(output[-40:])}")
     timers = json.loads((work / "results" / run_id / "run_logs" / "timers.json").read_text())
     return summaries.figures(agents, _timer_count(timers, "TorchPolicy.evaluate"))
-
-
-def _free_port_block(size: int) -> int:
-    import socket
-
-    for base in range(20000 + (time.monotonic_ns() // 1000) % 20000, 60000, size):
-        sockets = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no free block of ports")
-
-
-# ------------------------------------------------------------------- (b) Python envs
 
 
 def python_run(manager: str, workers: int, agents: int, max_steps: int) -> Dict[str, float]:
