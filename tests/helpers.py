@@ -83,6 +83,15 @@ def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
+def step_until(manager, condition, within_s: float = 60.0) -> None:
+    """Call ``manager.get_steps()`` until ``condition()``; fail (never hang) after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not reached within {within_s} s of get_steps")
+        manager.get_steps()
+
+
 def processes_naming(path: Path) -> List[int]:
     """Live processes whose command line names ``path`` (players, envs of this test's folder)."""
     found = []

@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from helpers import KillOnceBusy, alive_after
+from helpers import KillOnceBusy, alive_after, step_until
 from mlagents.trainers.settings import ConstantSettings
 from mlagents_envs.exception import UnityCommunicationException
 
@@ -82,15 +82,6 @@ def describe(pid: int) -> str:
         return f"{pid} {process.status()} {' '.join(process.cmdline())[:120]}"
     except psutil.NoSuchProcess:
         return f"{pid} (gone)"
-
-
-def step_until(manager, condition, within_s=60.0):
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        manager.get_steps()
-    pytest.fail(f"condition not reached within {within_s} s of get_steps")
 
 
 # ---------------------------------------------------------------------------- training
@@ -311,5 +302,8 @@ def test_a_hung_worker_is_taken_down_and_restarted(manager_of, caplog):
     assert manager.restart_counts == {"hung": 1}
     assert "Zombie worker report: env worker 1" in caplog.text
     assert not alive_after([hung], 5.0)
-    for _ in range(50):  # the restarted worker steps again (it hangs only once: after_steps counts anew)
-        manager.get_steps()
+    stepped: set = set()  # the restarted worker steps again (before its own 20th step hangs it anew)
+    deadline = time.monotonic() + 60
+    while 1 not in stepped:
+        assert time.monotonic() < deadline, "the restarted worker never stepped"
+        stepped.update(step.worker_id for step in manager.get_steps())

@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from helpers import free_port_block
+from helpers import free_port_block, step_until
 from mlagents.trainers.learn import create_environment_factory
 from mlagents_envs.exception import (
     UnityCommunicationException,
@@ -37,15 +37,6 @@ FAST = dict(restart_backoff_s=0.0)
 
 class ListedError(Exception):
     pass
-
-
-def step_until(manager, condition, limit=2000):
-    """Step until ``condition()``; fail (never hang) after ``limit`` calls."""
-    for _ in range(limit):
-        if condition():
-            return
-        manager.get_steps()
-    pytest.fail(f"condition not reached in {limit} calls of get_steps")
 
 
 def step_n(manager, n):

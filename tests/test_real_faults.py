@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from helpers import alive_after, free_port_block, reaper_of
+from helpers import alive_after, free_port_block, reaper_of, step_until
 from mlagents.trainers.exception import TrainerConfigError
 
 from mlagents_plugin.core import wire
@@ -30,14 +30,6 @@ from mlagents_plugin.testing import (
     UnexpectedExceptionEnvironment,
     make_factory,
 )
-
-
-def step_until(manager, condition, limit=5000):
-    for _ in range(limit):
-        if condition():
-            return
-        manager.get_steps()
-    pytest.fail(f"condition not reached in {limit} calls of get_steps")
 
 
 def alive(pid: int) -> bool:

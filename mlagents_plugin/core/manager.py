@@ -415,18 +415,18 @@ class SupervisedManagerBase(EnvManager):
 
     def _time_to_next_deadline(self) -> float:
         watched_now, now = self._watched.now(), self._clock()
-        deadlines = [now + s.deadline - watched_now for s in self._slots if s.deadline is not None]
-        deadlines += [  # a restart waiting for its predecessor to go waits on the backend's deadline
-            s.restart_at
+        waits = [s.deadline - watched_now for s in self._slots if s.deadline is not None]  # watched time
+        waits += [  # a restart waiting for its predecessor to go waits on the backend's deadline
+            s.restart_at - now
             for s in self._slots
             if s.state is WorkerState.RESTARTING and not self._backend.departing(s.worker_id)
         ]
         backend_deadline = self._backend.next_deadline()
         if backend_deadline is not None:
-            deadlines.append(backend_deadline)
-        if not deadlines:
+            waits.append(backend_deadline - now)
+        if not waits:
             return MAX_WAIT_S
-        return min(MAX_WAIT_S, max(0.0, min(deadlines) - now))
+        return min(MAX_WAIT_S, max(0.0, min(waits)))
 
     def _handle(self, slot: Slot, reply: Reply) -> None:
         response = reply.response
