@@ -4,6 +4,7 @@ It imports mlagents-envs and the worker side of this package, never ML-Agents' t
 or the supervisor (NOTE [ Workers get no trainer settings ] in worker_inputs.py): a worker
 starts in tens of milliseconds.
 """
+import atexit
 import contextlib
 import os
 import signal
@@ -95,7 +96,14 @@ def worker_main(conn: WorkerConnection, spec: WorkerSpec) -> None:
         signals.unblock_interrupts()  # blocked since it started: NOTE [ Trainer signals ]
     processes.tag_this_process(spec.owner_tag)
     logging_util.set_log_level(spec.log_level)
-    _Worker(conn, spec).run()
+    try:
+        _Worker(conn, spec).run()
+    finally:
+        # The worker closed its env itself. A forked worker leaves by os._exit and never runs
+        # atexit handlers; a spawned one would, and mlagents-envs registers one for every
+        # UnityEnvironment, which fails noisily on an env stopped while it was being built
+        # (no ``_communicator`` yet). Both leave alike.
+        atexit._clear()
 
 
 def worker_preload() -> List[str]:
