@@ -43,18 +43,10 @@ def _config(folder: Path, enabled: bool) -> Path:
 
 def measure(manager: str, n_runs: int, build: Path, work: Path) -> Dict:
     base = free_port_block(64)
-    runs = []
-    started = time.monotonic()
-    for i in range(n_runs):
-        folder = work / f"{manager}-{n_runs}-{i}"
-        folder.mkdir()
-        command = [LEARN, str(_config(folder, manager == "ours")), "--run-id=run", "--force",
-                   f"--env={build}", f"--num-envs={ENVS_PER_RUN}", f"--base-port={base}",
-                   "--env-args", "--num-agents", "4"]
-        runs.append(subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True))
+    runs: List[subprocess.Popen] = []
     firsts: List[float] = [float("inf")] * n_runs
-    texts: List[List[str]] = [[] for _ in runs]
+    texts: List[List[str]] = [[] for _ in range(n_runs)]
+    started = time.monotonic()
 
     def read(i: int) -> None:  # one reader per run: none waits for another's pipe
         for line in runs[i].stdout:  # type: ignore[union-attr]
@@ -63,15 +55,27 @@ def measure(manager: str, n_runs: int, build: Path, work: Path) -> Dict:
                 firsts[i] = time.monotonic() - started
 
     readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(n_runs)]
-    for reader in readers:
-        reader.start()
-    for run in runs:
-        try:
-            run.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    for reader in readers:
+    try:
+        for i in range(n_runs):
+            folder = work / f"{manager}-{n_runs}-{i}"
+            folder.mkdir()
+            command = [LEARN, str(_config(folder, manager == "ours")), "--run-id=run", "--force",
+                       f"--env={build}", f"--num-envs={ENVS_PER_RUN}", f"--base-port={base}",
+                       "--env-args", "--num-agents", "4"]
+            runs.append(subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, start_new_session=True))
+            readers[i].start()
+        for run in runs:
+            try:
+                run.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:  # past the time allowed, or on an error or a Ctrl-C here: no run outlives the benchmark
+        for run in runs:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+    for reader in readers[:len(runs)]:
         reader.join(timeout=10)
     text = "\n".join("".join(lines) for lines in texts)
     return {

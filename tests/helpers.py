@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import psutil
 import pytest
@@ -48,10 +48,11 @@ def scalars(run_dir: Path, behavior: str) -> Dict[str, List[float]]:
     return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
-def start_learn(tmp_path: Path, command) -> subprocess.Popen:
+def start_learn(tmp_path: Path, command, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     return subprocess.Popen(
         command,
         cwd=tmp_path,
+        env=None if env is None else {**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -14,6 +14,7 @@ from helpers import (
     finish,
     free_port_block,
     learn_command,
+    processes_naming,
     run_learn,
     start_learn,
     wait_for_line,
@@ -56,24 +57,21 @@ def stop(trainer, output, timeout_s=60):
 
 
 def leftovers(trainer_pid: int, tmp_path: Path):
-    """What a trainer left: processes tagged by it or naming this test's folder, its segments."""
+    """What a trainer left: processes tagged by it or naming this test's folder; its segments, and
+    multiprocessing's temp dirs where the trainer's TMPDIR was this test's ``tmp``."""
     found = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
-    for proc in psutil.process_iter():
-        try:
-            if str(tmp_path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.add(proc.pid)
-        except psutil.Error:
-            pass
-    segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
-    return found, segments
+    found.update(processes_naming(tmp_path))
+    files = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
+    files += [str(d) for d in (tmp_path / "tmp").glob("pymp-*")]
+    return found, files
 
 
 def nothing_left_within(trainer_pid: int, tmp_path: Path, seconds: float):
     deadline = time.monotonic() + seconds
     while True:
-        found, segments = leftovers(trainer_pid, tmp_path)
-        if not (found or segments) or time.monotonic() > deadline:
-            return found, segments
+        found, files = leftovers(trainer_pid, tmp_path)
+        if not (found or files) or time.monotonic() > deadline:
+            return found, files
         time.sleep(0.1)
 
 
@@ -181,17 +179,19 @@ def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_pat
         config["behaviors"]["GoalVisual"]["max_steps"] = 10**7
 
     config = write_config(tmp_path, "goal_player.yaml", edit)
+    temp = tmp_path / "tmp"  # where multiprocessing puts the fork server's socket
+    temp.mkdir()
     trainer = start_learn(tmp_path, learn_command(
         config, f"--env={builds / 'visual'}", "--num-envs=2", f"--base-port={free_port_block(10)}",
         "--env-args", "--num-agents", "4", "--survive-trainer",  # nothing but a signal ends them
-    ))
+    ), env={"TMPDIR": str(temp)})
     output: list = []
     try:
         deadline = time.monotonic() + 120
         while True:  # players up, images flowing through shared memory
-            found, segments = leftovers(trainer.pid, tmp_path)
+            found, files = leftovers(trainer.pid, tmp_path)
             players = [p for p in found if "mlagents_plugin.player" in " ".join(psutil.Process(p).cmdline())]
-            if len(players) == 2 and len(segments) == 2:
+            if len(players) == 2 and len([s for s in files if s.startswith("mlap_")]) == 2:
                 break
             assert time.monotonic() < deadline and trainer.poll() is None, "the run never got going"
             time.sleep(0.2)
@@ -199,12 +199,12 @@ def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_pat
             wait_for_line(trainer, "Step: ", output)  # a model to save
         os.killpg(trainer.pid, how)
         finish(trainer, output, timeout_s=60)
-        found, segments = nothing_left_within(trainer.pid, tmp_path, 10.0)
+        found, files = nothing_left_within(trainer.pid, tmp_path, 10.0)
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
     assert not found, f"left running: {found}"
-    assert not segments, f"left in /dev/shm: {segments}"
+    assert not files, f"left in /dev/shm or {temp}: {files}"
     if how == signal.SIGHUP:  # a hangup is an interrupt: the model is saved, workers close in order
         text = "".join(output)
         assert (tmp_path / "results" / "run" / "GoalVisual.onnx").exists(), text[-3000:]

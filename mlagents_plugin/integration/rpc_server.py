@@ -50,6 +50,10 @@ def _create_server(self: Any) -> None:
     if not bound:
         server.stop(None)
         raise UnityWorkerInUseException(self.worker_id)
-    server.start()
+    try:
+        server.start()
+    except BaseException:
+        server.stop(None)  # its port and threads, before the error goes on
+        raise
     self.server = server
     self.is_open = True

@@ -7,6 +7,7 @@ each Ray actor runs one on its node (ray/actor.py). It imports neither torch nor
 trainers: an actor that loads it stays light.
 """
 import multiprocessing
+import multiprocessing.util
 import os
 import secrets
 import signal
@@ -72,6 +73,10 @@ class ProcessBackend(Backend):
         process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
         self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
+        if not self._workers and self._context.get_start_method() == "forkserver":
+            # the fork server's socket lives in multiprocessing's temp dir, which only an exit
+            # of this process removes: the reaper removes it after a SIGKILL too
+            self._hardening.remove_with_me(multiprocessing.util.get_temp_dir())
         self._workers[slot.worker_id] = _Worker(process, conn)
         self._readiness.watch(process.sentinel, (slot, slot.incarnation, _SENTINEL))
         self._readiness.watch(conn, (slot, slot.incarnation, _PIPE))

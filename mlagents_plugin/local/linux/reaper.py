@@ -13,7 +13,7 @@
 # On its standard input the supervisor tells it, a line each:
 #
 #     worker PID STARTTIME    a worker process to take down, with its whole tree
-#     dir PATH                a directory to remove (a Ray temp dir the supervisor made)
+#     dir PATH                a directory to remove (a Ray temp dir, the fork server's temp dir)
 #
 # When it starts, it sweeps: processes tagged by supervisors that are gone, their shared memory
 # segments and their directories. When the supervisor is gone (a pidfd: no polling), it SIGKILLs
