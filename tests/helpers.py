@@ -1,4 +1,5 @@
 """Helpers for tests that run the real mlagents-learn CLI, players and ports."""
+import ipaddress
 import json
 import os
 import signal
@@ -6,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import psutil
 import pytest
@@ -168,3 +169,30 @@ class KillOnceBusy:
     def cancel(self) -> None:
         self.stop.set()
         self.thread.join(5.0)
+
+
+class Listener(NamedTuple):
+    ip: str
+    port: int
+    pid: int
+
+
+def listeners(root_pid: int) -> List[Listener]:
+    """Every listening TCP socket of ``root_pid`` and its descendants (workers, players)."""
+    root = psutil.Process(root_pid)
+    found = []
+    for proc in [root] + root.children(recursive=True):
+        try:
+            sockets = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue  # gone meanwhile
+        found += [Listener(_plain(s.laddr.ip), s.laddr.port, proc.pid)
+                  for s in sockets if s.status == psutil.CONN_LISTEN]
+    return found
+
+
+def _plain(ip: str) -> str:
+    """gRPC binds an IPv4 address on an IPv6 socket: ``::ffff:127.0.0.1`` is ``127.0.0.1``."""
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)

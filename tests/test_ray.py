@@ -4,6 +4,7 @@ every backend does: test_contract.py).
 Every test here shares one Ray (the ``ray_cluster`` fixture, conftest.py) and one xdist worker.
 """
 import glob
+import ipaddress
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import KillOnceBusy, alive_after, free_port_block, run_learn, write_config
+from helpers import KillOnceBusy, alive_after, free_port_block, listeners, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
 
@@ -133,6 +134,10 @@ def test_player_build_runs_on_the_actors_node(ray_manager, tmp_path):
     assert "Goal?team=0" in manager.training_behaviors
     for _ in range(30):
         manager.get_steps()
+    servers = [s for pid in manager.worker_pids.values() for s in listeners(pid)]
+    ports = {env_settings.base_port, env_settings.base_port + 1}
+    assert {s.port for s in servers} == ports, servers  # NOTE [ Loopback only ]: on Ray too
+    assert all(ipaddress.ip_address(s.ip).is_loopback for s in servers), servers
     players = [c for pid in manager.worker_pids.values() for c in psutil.Process(pid).children()]
     manager.close()
     assert not alive_after([p.pid for p in players], 3.0)

@@ -262,8 +262,15 @@ def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
         assert upstream.is_open  # two servers on one port: players reach either
         upstream.close()
         monkeypatch.setattr(RpcCommunicator, "create_server", RpcCommunicator.create_server)  # undone after
-        rpc_server.install()
+        rpc_server.install("loopback")
         with pytest.raises(UnityWorkerInUseException):
             RpcCommunicator(worker_id=0, base_port=port)
+        other_run.stop(None).wait()
+        ours = RpcCommunicator(worker_id=0, base_port=port)  # on loopback (NOTE [ Loopback only ])
+        try:  # a second run of ours, on loopback too, is refused as well
+            with pytest.raises(UnityWorkerInUseException):
+                RpcCommunicator(worker_id=0, base_port=port)
+        finally:
+            ours.close()
     finally:
         other_run.stop(None)

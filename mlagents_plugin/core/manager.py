@@ -351,6 +351,7 @@ class SupervisedManagerBase(EnvManager):
             owner_tag="",
             hardened=False,
             segment_prefix=None,
+            listen=self.settings.listen,
         )
 
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:

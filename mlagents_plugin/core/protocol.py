@@ -82,6 +82,7 @@ class WorkerSpec(NamedTuple):
     # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
     # another machine, so everything goes through the pipe
     segment_prefix: Optional[str]
+    listen: str  # env_manager.listen: where its gRPC server for a Unity build listens
 
 
 class WorkerHello(NamedTuple):

@@ -4,6 +4,7 @@ Settings are attrs classes, as ML-Agents' own are. The section is validated stri
 unknown key or a wrong type stops ``mlagents-learn`` before anything starts, with a message
 naming the key and the valid ones. See docs/configuration.md for every setting and its why.
 """
+import ipaddress
 import math
 import os
 import sys
@@ -19,6 +20,7 @@ from mlagents_plugin.core import platform
 SECTION = "env_manager"
 EFFECTIVE_SETTINGS_FILE = "env_manager.yaml"
 START_METHODS = ("forkserver", "spawn", "fork")
+LISTEN_CHOICES = ("loopback", "all")
 BACKENDS = ("subprocess", "ray")
 SCHEDULING_STRATEGIES = ("SPREAD", "DEFAULT")
 # Added to --timeout-wait for the derived deadlines; starting also pays for a new interpreter.
@@ -162,6 +164,16 @@ def _start_method(instance: Any, attribute: "attr.Attribute", value: Optional[st
         )
 
 
+def _listen_address(value: Any) -> bool:
+    if value in LISTEN_CHOICES:
+        return True
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
 @attr.s(auto_attribs=True, frozen=True)
 class EnvManagerSettings:
     enabled: bool = attr.ib(default=True, validator=_flag)
@@ -197,6 +209,15 @@ class EnvManagerSettings:
     batch_inference: bool = attr.ib(default=True, validator=_flag)
     # envs one Ray actor hosts and steps together, each its own process (NOTE [ Hosts ] in
     # ray/backend.py)
+    # where each worker's gRPC server for its Unity build listens (NOTE [ Loopback only ] in
+    # integration/rpc_server.py): loopback, all (as mlagents-envs), or one IP address
+    listen: str = attr.ib(
+        default="loopback",
+        validator=_expect(
+            f"{', '.join(LISTEN_CHOICES)}, or an IP address of this machine",
+            lambda v: isinstance(v, str) and _listen_address(v),
+        ),
+    )
     envs_per_worker: int = attr.ib(
         default=1,
         validator=_expect(

@@ -63,9 +63,11 @@ INTERNALS = [
              "which linux/players.py replaces: the player dies with its worker", "subprocess.Popen("),
     Internal("mlagents_envs.environment:UnityEnvironment.__init__", "launches via env_utils.launch_executable",
              "launch_executable("),
-    # replaced in worker processes by rpc_server.py: NOTE [ One run per port ]
+    # replaced in worker processes by rpc_server.py: NOTE [ One run per port ], NOTE [ Loopback only ]
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.create_server",
              "replaced: binds its port without SO_REUSEPORT", "grpc.so_reuseport"),
+    Internal("mlagents_envs.rpc_communicator:RpcCommunicator.create_server",
+             "replaced: binds every address, where ours binds loopback", '"[::]:"'),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.__init__", "creates the server", "self.create_server()"),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.check_port", "called by our create_server"),
 ]

@@ -22,7 +22,7 @@ from mlagents_plugin.core.settings import (
     parse_section,
     write_effective_settings,
 )
-from mlagents_plugin.integration import compat, python_envs
+from mlagents_plugin.integration import compat, python_envs, rpc_server
 from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)
@@ -68,6 +68,9 @@ class Run:
         folder exists (ML-Agents' own check, which we take over, refuses more)."""
         python_env = self.settings.enabled and self.settings.env is not None
         self.settings.resolved_for(env_settings.timeout_wait)  # deadlines that can work
+        problem = rpc_server.cannot_listen_on(self.settings.listen)
+        if problem and self.settings.backend == "subprocess":  # a Ray actor's node may have it
+            raise ConfigError(f"{SECTION}.listen: {problem}")
         if env_settings.num_envs < 1:
             raise ConfigError(f"--num-envs {env_settings.num_envs}: a run needs at least one env")
         if python_env and env_settings.env_path is not None:
@@ -91,7 +94,8 @@ class Run:
         if not self.settings.enabled:
             ignored = self.settings.ignored_when_disabled()
             logger.info(
-                f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager"
+                f"{SECTION}.enabled is false: using ML-Agents' SubprocessEnvManager, whose workers "
+                "listen on every address"
                 + (f"; these settings do not apply to it: {', '.join(ignored)}." if ignored else ".")
             )
             return compat.UPSTREAM_ENV_MANAGER(env_factory, run_options, n_env)

@@ -1,5 +1,6 @@
 """The gRPC server each env worker runs for its Unity build, as mlagents-envs runs it, but alone
-on its port. Installed in worker processes (it imports mlagents-envs only, never the trainers).
+on its port and on loopback. Installed in worker processes (it imports mlagents-envs only, never
+the trainers).
 
 # NOTE [ One run per port ]
 # A Unity build connects to the trainer's gRPC server at base_port + worker id, and the default
@@ -11,15 +12,27 @@ on its port. Installed in worker processes (it imports mlagents-envs only, never
 # itself the claim: the second run's bind fails at once with UnityWorkerInUseException, before
 # its player starts, and the manager moves that worker to a port nobody uses (manager.py), saying
 # which process holds the port. Explicit ports behave as before: base_port + worker id while free.
+#
+# NOTE [ Loopback only ]
+# mlagents-envs binds "[::]:port": every address, IPv4 and IPv6, with no authentication, so that
+# a build in a Docker container can connect. Anyone who reaches the machine could then feed the
+# trainer observations and rewards, or hold the port first. The builds a worker launches, the
+# Editor on the same machine, and the builds a Ray actor launches on its node all connect to
+# localhost, so by default the server listens on 127.0.0.1 and, where the machine has it, ::1
+# (a build may resolve "localhost" either way); both binds are the claim. ``env_manager.listen``
+# opens it again for a build or Editor elsewhere: ``all`` (as mlagents-envs) or one address.
 """
+import functools
+import ipaddress
+import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, List, Optional
 
 import grpc
 from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import (
     add_UnityToExternalProtoServicer_to_server,
 )
-from mlagents_envs.exception import UnityWorkerInUseException
+from mlagents_envs.exception import UnityEnvironmentException, UnityWorkerInUseException
 from mlagents_envs.rpc_communicator import RpcCommunicator, UnityToExternalServicerImplementation
 
 from mlagents_plugin.core.internals import ORIGINAL, original
@@ -28,14 +41,41 @@ from mlagents_plugin.core.internals import ORIGINAL, original
 _SERVER_THREADS = 10
 
 
-def install() -> None:
-    """Serve every Unity build of this process on a port bound exclusively (NOTE above)."""
+def install(listen: str) -> None:
+    """Serve every Unity build of this process on ports bound exclusively (NOTE [ One run per
+    port ]), on the addresses ``listen`` names (NOTE [ Loopback only ])."""
+    global _listen
+    _listen = listen
     setattr(_create_server, ORIGINAL, original(RpcCommunicator.create_server))
     RpcCommunicator.create_server = _create_server
 
 
+_listen = "loopback"  # this process's env_manager.listen, set by install()
+
+
+def addresses(listen: str, port: int) -> List[str]:
+    """The gRPC addresses a server on ``port`` binds for the setting ``listen``."""
+    if listen == "loopback":
+        return [f"127.0.0.1:{port}"] + ([f"[::1]:{port}"] if _has_ipv6_loopback() else [])
+    if listen == "all":
+        return [f"[::]:{port}"]
+    ip = ipaddress.ip_address(listen)
+    return [f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"]
+
+
+@functools.lru_cache(maxsize=None)
+def _has_ipv6_loopback() -> bool:
+    """Whether ::1 can be bound here (not in a container or host with IPv6 turned off)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 def _create_server(self: Any) -> None:
-    """``RpcCommunicator.create_server``, without SO_REUSEPORT."""
+    """``RpcCommunicator.create_server``, without SO_REUSEPORT, on the addresses of ``listen``."""
     self.check_port(self.port)  # mlagents-envs' own check: a port held by anyone is refused
     server = grpc.server(
         thread_pool=ThreadPoolExecutor(max_workers=_SERVER_THREADS),
@@ -44,16 +84,43 @@ def _create_server(self: Any) -> None:
     self.unity_to_external = UnityToExternalServicerImplementation()
     add_UnityToExternalProtoServicer_to_server(self.unity_to_external, server)
     try:
-        bound = server.add_insecure_port(f"[::]:{self.port}")  # as mlagents-envs: every address
-    except RuntimeError:  # grpcio >= 1.5x raises where 1.48 returns 0
-        bound = 0
-    if not bound:
-        server.stop(None)
-        raise UnityWorkerInUseException(self.worker_id)
-    try:
+        for address in addresses(_listen, self.port):
+            if not _bind(server, address):
+                _refuse(_listen, address, self.worker_id)
         server.start()
     except BaseException:
-        server.stop(None)  # its port and threads, before the error goes on
+        server.stop(None)  # its ports and threads, before the error goes on
         raise
     self.server = server
     self.is_open = True
+
+
+def _bind(server: grpc.Server, address: str) -> bool:
+    try:
+        return bool(server.add_insecure_port(address))
+    except RuntimeError:  # grpcio >= 1.5x raises where 1.48 returns 0
+        return False
+
+
+def _refuse(listen: str, address: str, worker_id: int) -> None:
+    """Why ``address`` could not be bound: held by someone (the manager moves the worker to
+    another port), or an address the user named that is not this machine's."""
+    problem = cannot_listen_on(listen)
+    if problem:
+        raise UnityEnvironmentException(f"env_manager.listen: {problem}")
+    raise UnityWorkerInUseException(worker_id)
+
+
+def cannot_listen_on(listen: str) -> Optional[str]:
+    """Why this machine cannot listen on the setting ``listen``'s address; None if it can."""
+    if listen in ("loopback", "all"):
+        return None
+    ip = ipaddress.ip_address(listen)
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError as e:
+        return (f"cannot listen on {ip} ({e.strerror}): it is not an address of this machine; "
+                "use loopback, all, or one of this machine's addresses")
+    return None

@@ -187,7 +187,7 @@ class _Worker:
         self.analytics: Optional[_AnalyticsChannel] = None
         self.players = hardening.layer(spec.hardened).player_watch()
         self.players.hook_launches()
-        rpc_server.install()  # NOTE [ One run per port ]
+        rpc_server.install(spec.listen)  # NOTE [ One run per port ], NOTE [ Loopback only ]
         self.encoder = wire.Encoder(spec.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
