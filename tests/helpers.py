@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Set
 
 import psutil
 import pytest
 import yaml
 
 from mlagents_plugin.examples import config_file
+from mlagents_plugin.integration import rpc_server
 from mlagents_plugin.testing.ports import free_port_block  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,3 +197,21 @@ def _plain(ip: str) -> str:
     address = ipaddress.ip_address(ip)
     mapped = getattr(address, "ipv4_mapped", None)
     return str(mapped or address)
+
+
+def loopback_families() -> Set[str]:
+    """Where a worker listens by default: 127.0.0.1, and ::1 where this machine has it."""
+    return {"127.0.0.1", "::1"} if rpc_server.has_ipv6_loopback() else {"127.0.0.1"}
+
+
+def listeners_on(root_pid: int, want: Dict[int, Set[str]], trainer, within_s: float = 120.0) -> List[Listener]:
+    """The run's listeners, once each port of ``want`` listens on its addresses (or at the deadline:
+    the caller's assertions then say what differs)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = listeners(root_pid)
+        if all({s.ip for s in found if s.port == port} == ips for port, ips in want.items()):
+            return found
+        if trainer.poll() is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)

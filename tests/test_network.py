@@ -4,42 +4,26 @@ only ] in integration/rpc_server.py). Nothing here connects anywhere: sockets ar
 import ipaddress
 import os
 import signal
-import time
-from typing import List
 
 import pytest
 from helpers import (
-    Listener,
     finish,
     free_port_block,
     learn_command,
-    listeners,
+    listeners_on,
+    loopback_families,
     start_learn,
     wait_for_line,
     write_config,
 )
+from mlagents_envs.environment import UnityEnvironment
 
+from mlagents_plugin.core.errors import ListenAddressError
 from mlagents_plugin.integration import rpc_server
 from mlagents_plugin.player.build import make_build
 
 EDITOR_PORT = 5004  # where mlagents-learn waits for the Editor, whatever --base-port says
-
-
-def listeners_on(root_pid: int, ports: List[int], trainer, within_s: float = 120.0) -> List[Listener]:
-    """The run's listeners, once something listens on each of ``ports``."""
-    deadline = time.monotonic() + within_s
-    while True:
-        found = listeners(root_pid)
-        if set(ports) <= {listener.port for listener in found}:
-            return found
-        assert trainer.poll() is None, f"the run ended before listening on {ports}"
-        assert time.monotonic() < deadline, f"nothing listened on {ports} within {within_s} s: {found}"
-        time.sleep(0.2)
-
-
-def loopback_families() -> set:
-    """Where the default listens: IPv4 loopback, and IPv6's where this machine has it."""
-    return {"127.0.0.1", "::1"} if rpc_server._has_ipv6_loopback() else {"127.0.0.1"}
+EVERY_ADDRESS = {"::"} if "::1" in loopback_families() else {"0.0.0.0"}  # gRPC's "[::]" without IPv6
 
 
 @pytest.mark.e2e
@@ -51,6 +35,7 @@ def test_a_run_on_player_builds_listens_on_loopback_only_and_trains(tmp_path):
         config["behaviors"]["Goal"].update(max_steps=1000, summary_freq=500)
 
     base_port = free_port_block(8)
+    ports = {base_port: loopback_families(), base_port + 1: loopback_families()}
     trainer = start_learn(tmp_path, learn_command(
         write_config(tmp_path, "goal_player.yaml", edit), f"--env={tmp_path / 'goal'}", "--num-envs=2",
         f"--base-port={base_port}", "--env-args", "--num-agents", "4",
@@ -58,7 +43,7 @@ def test_a_run_on_player_builds_listens_on_loopback_only_and_trains(tmp_path):
     output: list = []
     try:
         wait_for_line(trainer, "Env manager:", output)
-        found = listeners_on(trainer.pid, [base_port, base_port + 1], trainer)
+        found = listeners_on(trainer.pid, ports, trainer)
         finish(trainer, output, timeout_s=240)
     finally:
         if trainer.poll() is None:
@@ -66,8 +51,8 @@ def test_a_run_on_player_builds_listens_on_loopback_only_and_trains(tmp_path):
     text = "".join(output)
     assert "listen='loopback'" in text, text[-3000:]  # the start line says what is in force
     assert all(ipaddress.ip_address(listener.ip).is_loopback for listener in found), found
-    for port in (base_port, base_port + 1):  # a build resolving "localhost" either way connects
-        assert {listener.ip for listener in found if listener.port == port} == loopback_families(), found
+    for port, ips in ports.items():  # a build resolving "localhost" either way connects
+        assert {listener.ip for listener in found if listener.port == port} == ips, found
     assert trainer.returncode == 0, text[-3000:]
     assert (tmp_path / "results" / "run" / "Goal.onnx").exists(), text[-3000:]
     assert "listen: loopback" in (tmp_path / "results" / "run" / "env_manager.yaml").read_text()
@@ -76,9 +61,9 @@ def test_a_run_on_player_builds_listens_on_loopback_only_and_trains(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
 @pytest.mark.parametrize("listen, expected", [
-    (None, "loopback"),
-    ("all", "every address"),  # the opt-out, as mlagents-envs binds
-    ("127.0.0.2", "127.0.0.2"),  # one address of this machine (loopback: nothing is exposed)
+    (None, loopback_families()),
+    ("all", EVERY_ADDRESS),  # the opt-out: every address, IPv4 and IPv6, as mlagents-envs binds
+    ("127.0.0.2", loopback_families() | {"127.0.0.2"}),  # one more address (a loopback one: nothing exposed)
 ], ids=["default", "all", "one-address"])
 def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen, expected):
     def edit(config):
@@ -90,18 +75,29 @@ def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen,
     output: list = []
     try:
         wait_for_line(trainer, f"Listening on port {EDITOR_PORT}", output)
-        found = [s for s in listeners_on(trainer.pid, [EDITOR_PORT], trainer) if s.port == EDITOR_PORT]
+        found = [s for s in listeners_on(trainer.pid, {EDITOR_PORT: expected}, trainer) if s.port == EDITOR_PORT]
         os.killpg(trainer.pid, signal.SIGINT)
         finish(trainer, output, timeout_s=60)
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
-    ips = {listener.ip for listener in found}
-    if expected == "loopback":
-        assert ips == loopback_families(), found
-    elif expected == "every address":
-        assert ips <= {"::", "0.0.0.0"} and ips, found
-    else:
-        assert ips == {expected}, found
-    assert len({listener.pid for listener in found}) == 1, found  # the one worker, not the trainer
-    assert found[0].pid != trainer.pid, found
+    assert {listener.ip for listener in found} == expected, found
+    assert {listener.pid for listener in found} != {trainer.pid}, found  # the worker's, not the trainer's
+    assert len({listener.pid for listener in found}) == 1, found
+
+
+@pytest.mark.timeout(60)
+def test_an_address_the_workers_machine_lacks_fails_the_worker_for_good(env_manager_factory):
+    """On a Ray cluster the trainer cannot check ``listen`` for every node: a worker whose
+    machine lacks the address raises ListenAddressError, and restarting cannot help."""
+    port = free_port_block(2)
+
+    def editor(worker_id, side_channels):  # binds its server at construction, then would wait
+        return UnityEnvironment(None, worker_id, base_port=port, side_channels=side_channels, timeout_wait=5)
+
+    if rpc_server.cannot_listen_on("192.0.2.1") is None:
+        pytest.skip("this machine binds any address (net.ipv4.ip_nonlocal_bind)")
+    manager = env_manager_factory(editor, 1, listen="192.0.2.1")  # TEST-NET-1: nobody's address
+    with pytest.raises(ListenAddressError, match="this machine cannot listen on 192.0.2.1"):
+        manager.reset()
+    assert manager.restart_counts == {}

@@ -3,8 +3,10 @@ worker, an env that raises KeyboardInterrupt, the whole process group killed or 
 while waiting for the Editor, settings and env specs that cannot work."""
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from helpers import (
     write_config,
 )
 
+from mlagents_plugin.integration import rpc_server
 from mlagents_plugin.local import processes
 from mlagents_plugin.player.build import make_build
 
@@ -37,6 +40,9 @@ def python_env_config(tmp_path: Path, env_kwargs: dict, max_steps: int = 10**7, 
         }
 
     return write_config(tmp_path, "simple_python_env.yaml", edit)
+
+
+ANY_ADDRESS_BINDS = rpc_server.cannot_listen_on("192.0.2.1") is None  # net.ipv4.ip_nonlocal_bind
 
 
 def env_workers(trainer_pid: int):
@@ -56,20 +62,20 @@ def stop(trainer, output, timeout_s=60):
     return finish(trainer, output, timeout_s)
 
 
-def leftovers(trainer_pid: int, tmp_path: Path):
+def leftovers(trainer_pid: int, tmp_path: Path, temp: Path):
     """What a trainer left: processes tagged by it or naming this test's folder; its segments, and
-    multiprocessing's temp dirs where the trainer's TMPDIR was this test's ``tmp``."""
+    multiprocessing's temp dirs in ``temp``, the trainer's TMPDIR."""
     found = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
     found.update(processes_naming(tmp_path))
     files = [n for n in os.listdir("/dev/shm") if n.startswith(f"mlap_{trainer_pid}_")]
-    files += [str(d) for d in (tmp_path / "tmp").glob("pymp-*")]
+    files += [str(d) for d in temp.glob("pymp-*")]
     return found, files
 
 
-def nothing_left_within(trainer_pid: int, tmp_path: Path, seconds: float):
+def nothing_left_within(trainer_pid: int, tmp_path: Path, temp: Path, seconds: float):
     deadline = time.monotonic() + seconds
     while True:
-        found, files = leftovers(trainer_pid, tmp_path)
+        found, files = leftovers(trainer_pid, tmp_path, temp)
         if not (found or files) or time.monotonic() > deadline:
             return found, files
         time.sleep(0.1)
@@ -179,8 +185,8 @@ def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_pat
         config["behaviors"]["GoalVisual"]["max_steps"] = 10**7
 
     config = write_config(tmp_path, "goal_player.yaml", edit)
-    temp = tmp_path / "tmp"  # where multiprocessing puts the fork server's socket
-    temp.mkdir()
+    # multiprocessing puts the fork server's socket here: a short path (a socket's is < 108 bytes)
+    temp = Path(tempfile.mkdtemp(prefix="mlap-t-"))
     trainer = start_learn(tmp_path, learn_command(
         config, f"--env={builds / 'visual'}", "--num-envs=2", f"--base-port={free_port_block(10)}",
         "--env-args", "--num-agents", "4", "--survive-trainer",  # nothing but a signal ends them
@@ -189,7 +195,7 @@ def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_pat
     try:
         deadline = time.monotonic() + 120
         while True:  # players up, images flowing through shared memory
-            found, files = leftovers(trainer.pid, tmp_path)
+            found, files = leftovers(trainer.pid, tmp_path, temp)
             players = [p for p in found if "mlagents_plugin.player" in " ".join(psutil.Process(p).cmdline())]
             if len(players) == 2 and len([s for s in files if s.startswith("mlap_")]) == 2:
                 break
@@ -199,10 +205,11 @@ def test_killing_the_whole_process_group_leaves_no_player_and_no_segment(tmp_pat
             wait_for_line(trainer, "Step: ", output)  # a model to save
         os.killpg(trainer.pid, how)
         finish(trainer, output, timeout_s=60)
-        found, files = nothing_left_within(trainer.pid, tmp_path, 10.0)
+        found, files = nothing_left_within(trainer.pid, tmp_path, temp, 10.0)
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
     assert not found, f"left running: {found}"
     assert not files, f"left in /dev/shm or {temp}: {files}"
     if how == signal.SIGHUP:  # a hangup is an interrupt: the model is saved, workers close in order
@@ -270,9 +277,13 @@ def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path):
     ({"enabled": False, "env": "mlagents_plugin.testing:simple_env"}, "'env' needs the plugin, but 'enabled' is false"),
     ({"env": ":"}, "env_manager.env: expected 'package.module:factory', got ':'"),
     ({"env": "no_such_env_module:make"}, "there is no module 'no_such_env_module'"),
-    ({"listen": "everywhere"}, "env_manager.listen: expected loopback, all, or an IP address"),
-    ({"listen": "192.0.2.1"}, "env_manager.listen: cannot listen on 192.0.2.1"),  # TEST-NET-1: nobody's
-], ids=["inf", "disabled-with-env", "colon", "missing-module", "listen-word", "listen-not-here"])
+    ({"listen": "everywhere"}, "env_manager.listen: expected loopback, all (every address), or one IP address"),
+    pytest.param(
+        {"listen": "192.0.2.1"}, "env_manager.listen: this machine cannot listen on 192.0.2.1",  # TEST-NET-1
+        marks=pytest.mark.skipif(ANY_ADDRESS_BINDS, reason="net.ipv4.ip_nonlocal_bind: any address binds here"),
+    ),
+    ({"listen": "0.0.0.0"}, "env_manager.listen: expected loopback, all (every address), or one IP address"),
+], ids=["inf", "disabled-with-env", "colon", "missing-module", "listen-word", "listen-not-here", "listen-wildcard"])
 def test_what_cannot_work_stops_mlagents_learn_before_anything_starts(tmp_path, env_manager, words):
     def edit(config):
         config["env_manager"] = env_manager

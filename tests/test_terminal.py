@@ -4,6 +4,7 @@ several runs on the default port, a small /dev/shm."""
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from helpers import (
     write_config,
 )
 
+from mlagents_plugin.integration import rpc_server
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
@@ -159,7 +161,8 @@ if __name__ == "__main__":
                 assert image.shape == (16, 3, 84, 84)
                 assert (image == ((vector[:, 0] + 1) / 2)[:, None, None, None]).all()  # intact
                 stepped.add(step.worker_id)
-        print("RESULT", sorted(stepped), manager.restart_counts, flush=True)
+        # one write: the workers share this stdout, and a print() may reach it in pieces
+        os.write(1, f"RESULT {sorted(stepped)} {manager.restart_counts}\\n".encode())
     finally:
         manager.close()
 """
@@ -250,8 +253,6 @@ def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
     from mlagents_envs.exception import UnityWorkerInUseException
     from mlagents_envs.rpc_communicator import RpcCommunicator
 
-    from mlagents_plugin.integration import rpc_server
-
     port = free_port_block(1)
     other_run = grpc.server(ThreadPoolExecutor(max_workers=1), options=(("grpc.so_reuseport", 1),))
     assert other_run.add_insecure_port(f"[::]:{port}") == port  # bound as mlagents-envs binds
@@ -274,3 +275,50 @@ def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
             ours.close()
     finally:
         other_run.stop(None)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not rpc_server.has_ipv6_loopback(), reason="no ::1 here: a worker binds 127.0.0.1 alone")
+def test_a_port_held_on_ipv6_loopback_alone_is_refused_and_nothing_stays_bound(monkeypatch):
+    """A worker binds 127.0.0.1, then ::1 (NOTE [ Loopback only ]): held on ::1 only, the port is
+    refused as in use, and the 127.0.0.1 bind already made is let go."""
+    from mlagents_envs.exception import UnityWorkerInUseException
+    from mlagents_envs.rpc_communicator import RpcCommunicator
+
+    port = free_port_block(1)
+    holder = socket.socket(socket.AF_INET6)
+    holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    holder.bind(("::1", port))
+    holder.listen()
+    monkeypatch.setattr(RpcCommunicator, "create_server", RpcCommunicator.create_server)  # undone after
+    rpc_server.install("loopback")
+    try:
+        with pytest.raises(UnityWorkerInUseException):
+            RpcCommunicator(worker_id=0, base_port=port)
+    finally:
+        holder.close()
+    with socket.socket() as probe:  # 127.0.0.1:port is free again
+        probe.bind(("127.0.0.1", port))
+
+
+# ------------------------------------------------------------------- a long TMPDIR
+
+
+@pytest.mark.timeout(240)
+def test_a_long_tmpdir_still_trains(tmp_path):
+    """The fork server's socket lives in multiprocessing's temp dir, under TMPDIR, and an AF_UNIX
+    path is at most 107 bytes: with a TMPDIR of 100 characters every run stopped with "OSError:
+    AF_UNIX path too long" (upstream forks, and trained)."""
+    long_tmpdir = tmp_path / ("t" * (100 - len(str(tmp_path))))
+    long_tmpdir.mkdir()
+
+    def edit(config):
+        config["behaviors"]["Simple"]["max_steps"] = 500
+
+    trainer = start_learn(tmp_path, learn_command(write_config(tmp_path, "simple_python_env.yaml", edit),
+                                                  "--num-envs=2"), env={"TMPDIR": str(long_tmpdir)})
+    output: list = []
+    finish(trainer, output, timeout_s=200)
+    text = "".join(output)
+    assert trainer.returncode == 0, text[-3000:]
+    assert (tmp_path / "results" / "run" / "Simple.onnx").exists(), text[-3000:]

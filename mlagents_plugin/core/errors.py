@@ -82,6 +82,11 @@ class BuildNotFoundError(UnityEnvironmentException):
     """``--env`` names no Unity build. Not restarted: starting again cannot make one appear."""
 
 
+class ListenAddressError(UnityEnvironmentException):
+    """``env_manager.listen`` names an address the worker's machine cannot listen on. Not
+    restarted: starting again cannot give the machine that address."""
+
+
 class RemoteWorkerError(Exception):
     """A worker raised an exception that could not be rebuilt in the trainer.
 

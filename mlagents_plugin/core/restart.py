@@ -24,6 +24,7 @@ from mlagents_envs.exception import (
 
 from mlagents_plugin.core.errors import (
     BuildNotFoundError,
+    ListenAddressError,
     RemoteWorkerError,
     WorkerDiedError,
     WorkerTimeoutError,
@@ -38,7 +39,7 @@ UNITY_RESTARTABLE = (
     UnityCommunicatorStoppedException,
 )
 # Failures that starting the worker again cannot heal: never restarted.
-PERMANENT = (BuildNotFoundError,)
+PERMANENT = (BuildNotFoundError, ListenAddressError)
 MAX_BACKOFF_S = 30.0
 
 

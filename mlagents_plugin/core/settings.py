@@ -168,10 +168,9 @@ def _listen_address(value: Any) -> bool:
     if value in LISTEN_CHOICES:
         return True
     try:
-        ipaddress.ip_address(value)
+        return not ipaddress.ip_address(value).is_unspecified  # 0.0.0.0 and :: are "all"
     except ValueError:
         return False
-    return True
 
 
 @attr.s(auto_attribs=True, frozen=True)
@@ -207,17 +206,17 @@ class EnvManagerSettings:
     ray: RaySettings = attr.ib(factory=RaySettings, converter=_ray_settings)
     # one forward pass per behaviour for all workers ready together (NOTE [ Batched inference ])
     batch_inference: bool = attr.ib(default=True, validator=_flag)
-    # envs one Ray actor hosts and steps together, each its own process (NOTE [ Hosts ] in
-    # ray/backend.py)
     # where each worker's gRPC server for its Unity build listens (NOTE [ Loopback only ] in
-    # integration/rpc_server.py): loopback, all (as mlagents-envs), or one IP address
+    # integration/rpc_server.py): loopback, all (as mlagents-envs), or loopback and one address
     listen: str = attr.ib(
         default="loopback",
         validator=_expect(
-            f"{', '.join(LISTEN_CHOICES)}, or an IP address of this machine",
+            "loopback, all (every address), or one IP address of this machine",
             lambda v: isinstance(v, str) and _listen_address(v),
         ),
     )
+    # envs one Ray actor hosts and steps together, each its own process (NOTE [ Hosts ] in
+    # ray/backend.py)
     envs_per_worker: int = attr.ib(
         default=1,
         validator=_expect(

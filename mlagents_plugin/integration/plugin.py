@@ -68,8 +68,9 @@ class Run:
         folder exists (ML-Agents' own check, which we take over, refuses more)."""
         python_env = self.settings.enabled and self.settings.env is not None
         self.settings.resolved_for(env_settings.timeout_wait)  # deadlines that can work
+        here = self.settings.backend == "subprocess" or self.settings.ray.address is None
         problem = rpc_server.cannot_listen_on(self.settings.listen)
-        if problem and self.settings.backend == "subprocess":  # a Ray actor's node may have it
+        if self.settings.enabled and here and problem:  # on a cluster, another node may have it
             raise ConfigError(f"{SECTION}.listen: {problem}")
         if env_settings.num_envs < 1:
             raise ConfigError(f"--num-envs {env_settings.num_envs}: a run needs at least one env")

@@ -20,7 +20,8 @@ the trainers).
 # Editor on the same machine, and the builds a Ray actor launches on its node all connect to
 # localhost, so by default the server listens on 127.0.0.1 and, where the machine has it, ::1
 # (a build may resolve "localhost" either way); both binds are the claim. ``env_manager.listen``
-# opens it again for a build or Editor elsewhere: ``all`` (as mlagents-envs) or one address.
+# opens it for a build or Editor elsewhere: ``all`` (as mlagents-envs), or one address of this
+# machine besides loopback.
 """
 import functools
 import ipaddress
@@ -32,9 +33,10 @@ import grpc
 from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import (
     add_UnityToExternalProtoServicer_to_server,
 )
-from mlagents_envs.exception import UnityEnvironmentException, UnityWorkerInUseException
+from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.rpc_communicator import RpcCommunicator, UnityToExternalServicerImplementation
 
+from mlagents_plugin.core.errors import ListenAddressError
 from mlagents_plugin.core.internals import ORIGINAL, original
 
 # mlagents-envs serves each build with this many threads
@@ -55,16 +57,18 @@ _listen = "loopback"  # this process's env_manager.listen, set by install()
 
 def addresses(listen: str, port: int) -> List[str]:
     """The gRPC addresses a server on ``port`` binds for the setting ``listen``."""
-    if listen == "loopback":
-        return [f"127.0.0.1:{port}"] + ([f"[::1]:{port}"] if _has_ipv6_loopback() else [])
     if listen == "all":
         return [f"[::]:{port}"]
-    ip = ipaddress.ip_address(listen)
-    return [f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"]
+    loopback = [f"127.0.0.1:{port}"] + ([f"[::1]:{port}"] if has_ipv6_loopback() else [])
+    if listen == "loopback":
+        return loopback
+    ip = ipaddress.ip_address(listen)  # and loopback: the builds --env launches connect there
+    named = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    return loopback + ([] if named in loopback else [named])
 
 
 @functools.lru_cache(maxsize=None)
-def _has_ipv6_loopback() -> bool:
+def has_ipv6_loopback() -> bool:
     """Whether ::1 can be bound here (not in a container or host with IPv6 turned off)."""
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
@@ -83,31 +87,44 @@ def _create_server(self: Any) -> None:
     )
     self.unity_to_external = UnityToExternalServicerImplementation()
     add_UnityToExternalProtoServicer_to_server(self.unity_to_external, server)
+    started = False
     try:
         for address in addresses(_listen, self.port):
             if not _bind(server, address):
-                _refuse(_listen, address, self.worker_id)
+                _refuse(_listen, self.worker_id)
         server.start()
+        started = True
     except BaseException:
-        server.stop(None)  # its ports and threads, before the error goes on
+        _let_go(server, started)
         raise
     self.server = server
     self.is_open = True
 
 
+def _let_go(server: grpc.Server, started: bool) -> None:
+    """Free the ports ``server`` bound (127.0.0.1 when ::1 was refused). gRPC frees a server's
+    ports only once it has run: one that never started holds them while the process lives."""
+    if not started:
+        try:
+            server.start()  # serves nothing: no player has been launched for it
+        except Exception:
+            pass
+    server.stop(None).wait()
+
+
 def _bind(server: grpc.Server, address: str) -> bool:
     try:
         return bool(server.add_insecure_port(address))
-    except RuntimeError:  # grpcio >= 1.5x raises where 1.48 returns 0
+    except RuntimeError:  # grpcio raises on a port it could not bind (older ones returned 0)
         return False
 
 
-def _refuse(listen: str, address: str, worker_id: int) -> None:
-    """Why ``address`` could not be bound: held by someone (the manager moves the worker to
-    another port), or an address the user named that is not this machine's."""
+def _refuse(listen: str, worker_id: int) -> None:
+    """Why an address could not be bound: held by someone (the manager moves the worker to
+    another port), or the address the user named cannot be listened on here (not restarted)."""
     problem = cannot_listen_on(listen)
     if problem:
-        raise UnityEnvironmentException(f"env_manager.listen: {problem}")
+        raise ListenAddressError(f"env_manager.listen: {problem}")
     raise UnityWorkerInUseException(worker_id)
 
 
@@ -121,6 +138,6 @@ def cannot_listen_on(listen: str) -> Optional[str]:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.bind((str(ip), 0))
     except OSError as e:
-        return (f"cannot listen on {ip} ({e.strerror}): it is not an address of this machine; "
-                "use loopback, all, or one of this machine's addresses")
+        return (f"this machine cannot listen on {ip} ({e.strerror}): name one of its own addresses, "
+                "or use loopback or all")
     return None

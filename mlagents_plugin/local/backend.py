@@ -52,6 +52,7 @@ class ProcessBackend(Backend):
             self._context.set_forkserver_preload(
                 worker_preload() + factories.modules_to_load(setup.pickled_env_factory)
             )
+            processes.short_socket_dir()
         token = secrets.token_hex(4)
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None

@@ -27,8 +27,10 @@
 # supervisor is gone (NOTE [ The reaper ]); and a new reaper first sweeps what supervisors that
 # are gone left behind, for a reaper that was itself killed.
 """
+import multiprocessing.util
 import os
 import signal
+import tempfile
 from typing import Iterable, List, Optional
 
 import psutil
@@ -52,6 +54,24 @@ _SIGNAL_HINTS = {
     "SIGBUS": "a crash in native code (bus error)",
     "SIGTERM": "another process asked it to stop",
 }
+
+
+def short_socket_dir() -> None:
+    """Have multiprocessing's temp dir, where the fork server's socket lives, fit a socket path.
+
+    An AF_UNIX path is at most 107 bytes, and Python before 3.13 puts the socket under TMPDIR
+    whatever its length: a long TMPDIR stopped every run with "OSError: AF_UNIX path too long".
+    The dir is made under /tmp instead when TMPDIR is too long; call before the fork server
+    starts (a dir made already is kept)."""
+    socket_path = os.path.join(tempfile.gettempdir(), "pymp-xxxxxxxx", "listener-xxxxxxxx")
+    if len(os.fsencode(socket_path)) < 100 or not os.path.isdir("/tmp"):
+        return
+    before = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = before
 
 
 def describe_exit(exitcode: Optional[int], hint: bool = True) -> str:

@@ -16,6 +16,7 @@ from mlagents.trainers.settings import RunOptions
 from mlagents_plugin.core import signals
 from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase
 from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local import processes
 from mlagents_plugin.local.backend import ProcessBackend
 from mlagents_plugin.local.worker import worker_preload
 
@@ -36,5 +37,6 @@ def start_fork_server(factory_modules: List[str]) -> None:
     imports, so that it loads them while the trainer is still setting up (NOTE [ Worker
     start-up ]). Returns at once; a server that runs already is kept."""
     multiprocessing.forkserver.set_forkserver_preload(worker_preload() + factory_modules)
+    processes.short_socket_dir()
     with signals.children_ignore_interrupts():  # NOTE [ Trainer signals ]
         multiprocessing.forkserver.ensure_running()
