@@ -278,27 +278,25 @@ def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(not rpc_server.has_ipv6_loopback(), reason="no ::1 here: a worker binds 127.0.0.1 alone")
-def test_a_port_held_on_ipv6_loopback_alone_is_refused_and_nothing_stays_bound(monkeypatch):
-    """A worker binds 127.0.0.1, then ::1 (NOTE [ Loopback only ]): held on ::1 only, the port is
-    refused as in use, and the 127.0.0.1 bind already made is let go."""
+def test_a_port_held_on_one_of_its_addresses_is_refused_and_nothing_stays_bound(monkeypatch):
+    """A worker binds its addresses one after another (NOTE [ Loopback only ]): 127.0.0.1, ::1
+    where the machine has it, then the one ``listen`` names. Held on the last alone, the port is
+    refused as in use, and the binds already made are let go."""
     from mlagents_envs.exception import UnityWorkerInUseException
     from mlagents_envs.rpc_communicator import RpcCommunicator
 
     port = free_port_block(1)
-    holder = socket.socket(socket.AF_INET6)
-    holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    holder.bind(("::1", port))
+    holder = socket.socket()
+    holder.bind(("127.0.0.2", port))
     holder.listen()
     monkeypatch.setattr(RpcCommunicator, "create_server", RpcCommunicator.create_server)  # undone after
-    rpc_server.install("loopback")
+    rpc_server.install("127.0.0.2")
     try:
         with pytest.raises(UnityWorkerInUseException):
             RpcCommunicator(worker_id=0, base_port=port)
     finally:
         holder.close()
-    with socket.socket() as probe:  # 127.0.0.1:port is free again
-        probe.bind(("127.0.0.1", port))
+    assert free_port_block(1, start=port) == port  # 127.0.0.1 and ::1 are free again
 
 
 # ------------------------------------------------------------------- a long TMPDIR
