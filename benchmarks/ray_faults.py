@@ -17,7 +17,7 @@ from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.ray import local as ray_local
-from mlagents_plugin.ray.backend import RayEnvManager
+from mlagents_plugin.ray.manager import RayEnvManager
 from mlagents_plugin.testing import HangingEnvironment, SimpleEnvironment, make_factory
 
 SETTINGS = dict(backend="ray", restart_backoff_s=0.0, ray={"num_cpus_per_worker": 1})

@@ -104,7 +104,7 @@ def run(n_env: int, ks: List[int], seconds: float, builds: bool) -> List[Dict[st
             return SupervisedEnvManager(factory(), RunOptions(), n_env, EnvManagerSettings())
 
         def ray_manager(k: int) -> Callable[[], Any]:
-            from mlagents_plugin.ray.backend import RayEnvManager
+            from mlagents_plugin.ray.manager import RayEnvManager
 
             settings = EnvManagerSettings(backend="ray", envs_per_worker=k, ray={"num_cpus_per_worker": 1})
             return lambda: RayEnvManager(factory(), RunOptions(), n_env, settings)

@@ -23,7 +23,7 @@ RAY_SETTINGS = EnvManagerSettings(backend="ray", ray={"num_cpus_per_worker": 1})
 
 
 def _makers(factory: Factory, n_env: int) -> List[Callable[[], Stepper]]:
-    from mlagents_plugin.ray.backend import RayEnvManager
+    from mlagents_plugin.ray.manager import RayEnvManager
 
     return [
         lambda: ManagerStepper("subprocess", SupervisedEnvManager(factory, RunOptions(), n_env)),

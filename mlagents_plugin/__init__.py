@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "SupervisedEnvManager": "mlagents_plugin.local.supervisor",
-    "RayEnvManager": "mlagents_plugin.ray.backend",  # needs the [ray] extra
+    "RayEnvManager": "mlagents_plugin.ray.manager",  # needs the [ray] extra
     "EnvManagerSettings": "mlagents_plugin.core.settings",
     "EnvWorkerError": "mlagents_plugin.core.errors",
     "WorkerDiedError": "mlagents_plugin.core.errors",

@@ -9,7 +9,7 @@ from typing import Iterator, List
 import psutil
 import pytest
 
-from mlagents_plugin.core import wire
+from mlagents_plugin.core import signals, wire
 from mlagents_plugin.local import processes
 
 # multiprocessing's own long-lived helpers, started once per test process and shared by tests.
@@ -103,6 +103,13 @@ def no_leftovers():
         os.unlink(os.path.join("/dev/shm", name))
     assert not described, f"processes left behind: {described}"
     assert not segments, f"shared memory left behind: {segments}"
+
+
+@pytest.fixture(autouse=True)
+def no_stop_signal_yet(monkeypatch):
+    """Each test starts as a trainer that has received no Ctrl-C (NOTE [ Trainer signals ])."""
+    monkeypatch.setattr(signals, "_interrupts", 0)
+    monkeypatch.setattr(signals, "_raised", None)
 
 
 class ProcessStartedInFastTest(AssertionError):

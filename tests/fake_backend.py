@@ -15,10 +15,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import cloudpickle
 from mlagents_envs.exception import UnityWorkerInUseException
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
-from mlagents_plugin.core.lifecycle import Reason, Slot
-from mlagents_plugin.core.names import Placement
+from mlagents_plugin.core.lifecycle import Reason
+from mlagents_plugin.core.names import Placement, worker_label
 from mlagents_plugin.core.protocol import (
     EnvironmentCommand,
     EnvironmentResponse,
@@ -60,8 +60,8 @@ def behave(**by_worker: Behavior) -> Script:
 
 
 class _FakeWorker:
-    def __init__(self, slot: Slot, spec: WorkerSpec, behavior: Behavior, now: float):
-        self.slot, self.spec, self.behavior = slot, spec, behavior
+    def __init__(self, spec: WorkerSpec, behavior: Behavior, now: float):
+        self.spec, self.behavior = spec, behavior
         self.free_at = now + behavior.startup_s  # it serves one request at a time, in order
         self.pid = 10000 + 100 * spec.worker_id + spec.incarnation
         self.env = None
@@ -111,8 +111,9 @@ class _FakeWorker:
 
     def _fail(self, kind: str, command: Optional[EnvironmentCommand]) -> List[Tuple[float, Optional[Event]]]:
         if kind in ("die", "reply_and_die"):
-            error = WorkerDiedError(f"{self.slot.label} was killed by SIGKILL", self.spec.worker_id, self.pid, -9)
-            death = (self.free_at, Death(self.slot, self.spec.incarnation, error))
+            label = worker_label(self.spec.worker_id, self.pid)
+            error = WorkerDiedError(f"{label} was killed by SIGKILL", self.spec.worker_id, self.pid, -9)
+            death = (self.free_at, Death(self.spec.worker_id, self.spec.incarnation, error))
             if kind == "die" or command is None:  # while building there is no reply to send
                 return [death]
             self.env.step()  # its step's reply is sent, then it dies in the same instant
@@ -137,7 +138,7 @@ class _FakeWorker:
 
     def _reply(self, command: EnvironmentCommand, payload: object) -> Reply:
         response = EnvironmentResponse(command, self.spec.worker_id, self.spec.incarnation, payload)
-        return Reply(self.slot, self.spec.incarnation, response)
+        return Reply(self.spec.worker_id, self.spec.incarnation, response)
 
 
 class FakeBackend(Backend):
@@ -177,17 +178,18 @@ class FakeBackend(Backend):
         if self.interrupt_at.get(method) == self._calls[method]:
             signal.raise_signal(signal.SIGINT)  # its handler runs now, or when it is no longer held
 
-    def launch(self, slot: Slot, spec: WorkerSpec) -> Placement:
+    def launch(self, spec: WorkerSpec) -> Placement:
         self._maybe_interrupted("launch")
-        self.launches.append((slot.worker_id, spec.incarnation, spec.env_worker_id, self.clock.now))
-        worker = _FakeWorker(slot, spec, self.script(spec.worker_id, spec.incarnation), self.clock.now)
-        self.workers[slot.worker_id] = worker
+        self.launches.append((spec.worker_id, spec.incarnation, spec.env_worker_id, self.clock.now))
+        worker = _FakeWorker(spec, self.script(spec.worker_id, spec.incarnation), self.clock.now)
+        self.workers[spec.worker_id] = worker
         self._schedule(worker.build())
-        return Placement(slot.worker_id, worker.pid, "localhost")
+        return Placement(spec.worker_id, worker.pid, "localhost")
 
-    def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
-        self.deliveries.append((slot.worker_id, command, self.clock.now))
-        worker = self.workers.get(slot.worker_id)
+    def deliver(self, worker_ref: WorkerRef, data: bytes) -> None:
+        assert worker_ref.last_command is not None
+        self.deliveries.append((worker_ref.worker_id, worker_ref.last_command, self.clock.now))
+        worker = self.workers.get(worker_ref.worker_id)
         if worker is not None and worker.env is not None:
             self._schedule(worker.serve(data, self.clock.now))
 
@@ -225,15 +227,16 @@ class FakeBackend(Backend):
             self.batches.append(events)
         return events
 
-    def release(self, slot: Slot, reason: Reason) -> None:
+    def release(self, worker_ref: WorkerRef, reason: Reason) -> None:
         self._maybe_interrupted("release")
         if self.release_error is not None:
             raise self.release_error
-        worker = self.workers.pop(slot.worker_id)
-        self.released.append((slot.worker_id, worker.spec.incarnation, reason))
+        worker = self.workers.pop(worker_ref.worker_id)
+        assert worker.spec.incarnation == worker_ref.incarnation, (worker.spec, worker_ref)
+        self.released.append((worker_ref.worker_id, worker_ref.incarnation, reason))
         self.released_at.append(self.clock.now)
-        self.departures[slot.worker_id] = self.clock.now + self.departure_s
-        self.outcomes[slot.worker_id] = f"went ({reason.value})"
+        self.departures[worker_ref.worker_id] = self.clock.now + self.departure_s
+        self.outcomes[worker_ref.worker_id] = f"went ({reason.value})"
 
     def departing(self, worker_id: int) -> bool:
         return self.departures.get(worker_id, 0.0) > self.clock.now

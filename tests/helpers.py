@@ -80,8 +80,9 @@ def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
         rest, _ = trainer.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(trainer.pid, signal.SIGKILL)
-        trainer.communicate()
-        pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output[-40:])}")
+        rest, _ = trainer.communicate()
+        output.append(rest)
+        pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output)[-6000:]}")
     output.append(rest)
     return time.monotonic() - started
 

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import signal
+import sys
 from typing import List
 
 import pytest
@@ -116,7 +117,7 @@ def test_an_error_never_costs_a_sibling_its_reply_from_the_same_wait(harness):
     with pytest.raises(RuntimeError, match="injected"):
         h.step_until(lambda: False)
     last = h.backend.batches[-1]
-    assert {e.slot.worker_id for e in last} == {0, 1} and isinstance(last[1], Reply)  # one wait, both
+    assert {e.worker_id for e in last} == {0, 1} and isinstance(last[1], Reply)  # one wait, both
     stepped = []
     while h.clock.now < 1000 + 30:  # six times step_timeout_s
         stepped += [s.worker_id for s in h.manager.get_steps()]
@@ -545,3 +546,27 @@ def test_any_fault_schedule_keeps_the_manager_consistent(harness, n_env, plan, r
     except expected as error:  # it names the worker that failed, in its message or a note
         said = " ".join([str(error), *getattr(error, "__notes__", [])])
         assert re.search(r"env worker \d", said), said
+
+
+def test_a_stop_signal_a_finalizer_swallowed_is_raised_at_the_next_step(harness, monkeypatch):
+    """A SIGHUP whose KeyboardInterrupt is raised inside a ``__del__`` is lost to Python (printed
+    as "Exception ignored"): the trainer asks for its next step, and gets it there."""
+    h = harness(n_env=2)
+    h.manager.reset()
+    monkeypatch.setattr(signals, "_interrupts", 0)
+    monkeypatch.setattr(signals, "_raised", None)
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+
+    class LetGo:
+        def __del__(self):
+            signal.raise_signal(signal.SIGHUP)  # its handler runs here, inside the finalizer
+
+    previous = signal.signal(signal.SIGHUP, signals._interrupt)
+    try:
+        LetGo()  # collected at once
+        assert swallowed == [KeyboardInterrupt]
+        with pytest.raises(KeyboardInterrupt, match="SIGHUP"):
+            h.manager.get_steps()
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -21,7 +21,7 @@ from mlagents.trainers.settings import RunOptions
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.player.build import make_build
-from mlagents_plugin.ray.backend import RayEnvManager
+from mlagents_plugin.ray.manager import RayEnvManager
 from mlagents_plugin.testing import (
     HangingEnvironment,
     PlayerLaunchingEnvironment,
@@ -253,7 +253,7 @@ TRAINER_ON_LOCAL_RAY = """
 import os, sys
 from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
-from mlagents_plugin.ray.backend import RayEnvManager
+from mlagents_plugin.ray.manager import RayEnvManager
 from mlagents_plugin.core.settings import EnvManagerSettings
 if __name__ == "__main__":
     build, port = sys.argv[1], int(sys.argv[2])

@@ -72,7 +72,7 @@ def test_asking_for_ray_without_ray_says_how_to_install_it():
         "import sys; sys.modules['ray'] = None\n"
         "import mlagents_plugin\n"
         "try:\n"
-        "    import mlagents_plugin.ray.backend\n"
+        "    import mlagents_plugin.ray.manager\n"
         "except ImportError as e:\n"
         "    print(e)\n"
         "from mlagents_plugin.integration import plugin\n"

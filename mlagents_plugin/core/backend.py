@@ -1,26 +1,36 @@
 """What a backend is: how workers are started, reached, waited for and taken down.
 
 The manager (manager.py) holds every decision; a backend only moves bytes and processes. It
-gets the slot for each call and reads it (no module outside core/ writes a slot), and reports what happened in
-``wait`` (and ``close``) as events, which the manager handles: a backend never calls back into
-the manager, nor imports it.
-local/supervisor.py is the process backend, ray/backend.py the Ray one, and the fast tests drive
+never sees a slot: each call names the worker incarnation by a ``WorkerRef`` value (the slot's
+one writer is the manager), and the backend reports what happened in ``wait`` (and ``close``) as
+events, which the manager handles: a backend never calls back into the manager, nor imports it.
+local/backend.py is the process backend, ray/backend.py the Ray one, and the fast tests drive
 the manager with an in-memory one (tests/fake_backend.py).
 """
 import abc
-from typing import Any, Callable, List, NamedTuple, Optional, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 from mlagents_plugin.core.errors import WorkerDiedError
-from mlagents_plugin.core.lifecycle import Reason, Slot
+from mlagents_plugin.core.lifecycle import Reason
 from mlagents_plugin.core.names import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentResponse, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
 
 
+class WorkerRef(NamedTuple):
+    """A worker incarnation as the manager describes it to a backend, when it calls it."""
+
+    worker_id: int
+    incarnation: int
+    label: str  # "env worker 2 (pid 1234)", for the backend's messages
+    last_command: Optional[EnvironmentCommand]  # the outstanding request, else the last one sent
+    last_segment: Optional[str] = None  # the last shared-memory segment its replies named
+
+
 class Reply(NamedTuple):
     """A message from a worker incarnation."""
 
-    slot: Slot
+    worker_id: int
     incarnation: int
     response: EnvironmentResponse
 
@@ -28,7 +38,7 @@ class Reply(NamedTuple):
 class Death(NamedTuple):
     """A worker incarnation ended without a word (a signal, an exit, a lost actor)."""
 
-    slot: Slot
+    worker_id: int
     incarnation: int
     error: WorkerDiedError
 
@@ -36,7 +46,7 @@ class Death(NamedTuple):
 class Placed(NamedTuple):
     """Where a worker incarnation runs, once the backend knows it (a Ray actor reports it)."""
 
-    slot: Slot
+    worker_id: int
     incarnation: int
     placement: Placement
 
@@ -60,6 +70,9 @@ class BackendSetup(NamedTuple):
     # Whether workers may put large arrays in shared memory: not when the steps travel on to
     # a trainer on another machine (a Ray actor's process backend).
     shared_memory: bool = True
+    # Where the workers run, as a Placement says it after the worker id and pid: node address,
+    # node id, hosting actor's pid (a Ray actor's process backend names its node and itself).
+    host: Tuple[str, Optional[str], Optional[int]] = ("localhost", None, None)
 
 
 class Backend(abc.ABC):
@@ -67,27 +80,27 @@ class Backend(abc.ABC):
     WORKERS_ON_OTHER_MACHINES = False
 
     @abc.abstractmethod
-    def launch(self, slot: Slot, spec: WorkerSpec) -> Optional[Placement]:
-        """Start the slot's new incarnation (``slot.incarnation``) from ``spec``; the backend
-        fills in its part of the spec (owner tag, shared memory). Returns where it runs if that
-        is known at once; else a ``Placed`` event says so later."""
+    def launch(self, spec: WorkerSpec) -> Optional[Placement]:
+        """Start worker ``spec.worker_id``'s incarnation ``spec.incarnation``; the backend fills
+        in its part of the spec (owner tag, shared memory). Returns where it runs if that is
+        known at once; else a ``Placed`` event says so later."""
 
     @abc.abstractmethod
-    def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
-        """Send a packed request to the slot's worker; never raise if the worker is gone."""
+    def deliver(self, worker: WorkerRef, data: bytes) -> None:
+        """Send a packed request (``worker.last_command``) to the worker; never raise if it is
+        gone."""
 
     @abc.abstractmethod
     def wait(self, timeout: float) -> List[Event]:
         """Wait up to ``timeout`` seconds for replies and deaths; never longer."""
 
     @abc.abstractmethod
-    def release(self, slot: Slot, reason: Reason) -> None:
-        """Start taking the slot's incarnation down, in bounded time, as ``reason`` says. Called
-        while the slot still describes it (label, last command)."""
+    def release(self, worker: WorkerRef, reason: Reason) -> None:
+        """Start taking the worker incarnation down, in bounded time, as ``reason`` says."""
 
     @abc.abstractmethod
     def departing(self, worker_id: int) -> bool:
-        """Whether an earlier incarnation of the slot is still on its way out."""
+        """Whether an earlier incarnation of the worker is still on its way out."""
 
     def next_deadline(self) -> Optional[float]:
         """When the backend next needs ``advance``, if ever."""
@@ -100,7 +113,7 @@ class Backend(abc.ABC):
     def close(self, interrupted: bool) -> List[WorkerTimers]:
         """Finish every departure, bounded (``interrupted``: kill at once), and let go of
         everything the backend holds; return the timers of the workers that closed meanwhile.
-        Called after every live slot was released; called again after ``hurry`` (or with
+        Called after every live worker was released; called again after ``hurry`` (or with
         ``interrupted``) when an interrupt stopped it."""
 
     def hurry(self) -> bool:
@@ -110,7 +123,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def outcome(self, worker_id: int) -> str:
-        """How the slot's last incarnation ended, for the close summary."""
+        """How the worker's last incarnation ended, for the close summary."""
 
     def port_holder(self, port: int) -> Optional[str]:
         """Which process holds ``port`` where the workers run, in words, if the backend can tell."""

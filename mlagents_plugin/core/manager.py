@@ -20,7 +20,7 @@ from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
 
 from mlagents_plugin.core import batching, factories, signals, worker_inputs
-from mlagents_plugin.core.backend import Backend, BackendSetup, Placed, Reply, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Placed, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
     ManagerClosedError,
@@ -116,6 +116,7 @@ class SupervisedManagerBase(EnvManager):
     # ----------------------------------------------------------------- EnvManager interface
 
     def _step(self) -> List[EnvironmentStep]:
+        signals.raise_if_lost()
         if not self._completed:  # else: steps of a wait that raised, returned first
             self._queue_steps()
         while not self._completed:  # one wait returns every worker that is ready by then
@@ -124,6 +125,7 @@ class SupervisedManagerBase(EnvManager):
         return self._with_health_stats(steps)
 
     def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
+        signals.raise_if_lost()
         # Steps in flight belong to the episodes being reset: let them land, then drop them.
         self._pump_until(lambda: all(s.awaiting is not EnvironmentCommand.STEP for s in self._slots))
         self._completed.clear()
@@ -263,7 +265,7 @@ class SupervisedManagerBase(EnvManager):
                 with signals.deferred():  # NOTE [ Trainer signals ]: never half released
                     slot.sent(EnvironmentCommand.CLOSE)
                     try:
-                        self._backend.release(slot, reason)
+                        self._backend.release(_ref(slot), reason)
                     except Exception:  # the others are still to be released, and the backend closed
                         logger.exception(f"Releasing {slot.label} failed.")
                     slot.close()
@@ -330,7 +332,7 @@ class SupervisedManagerBase(EnvManager):
         with signals.deferred():  # NOTE [ Trainer signals ]: no process nobody knows of
             slot.launch(self._watched.now(), self._startup_timeout_s)
             try:
-                placement = self._backend.launch(slot, self._worker_spec(slot))
+                placement = self._backend.launch(self._worker_spec(slot))
                 if placement is not None:
                     slot.placed(placement)
             except BaseException:
@@ -357,7 +359,7 @@ class SupervisedManagerBase(EnvManager):
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.sent(cmd)
         data = pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload))
-        self._backend.deliver(slot, cmd, data)
+        self._backend.deliver(_ref(slot), data)
 
     def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         """Send a request that has a reply (STEP, RESET), and start its clock."""
@@ -394,7 +396,7 @@ class SupervisedManagerBase(EnvManager):
                 if isinstance(event, WorkerTimers):
                     merge_worker_timers(event.timer_root)
                     continue
-                slot = event.slot
+                slot = self._slots[event.worker_id]
                 if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
                     if isinstance(event, Reply):
                         self._handle(slot, event)
@@ -498,7 +500,7 @@ class SupervisedManagerBase(EnvManager):
     def _release_failed(self, slot: Slot, exc: BaseException, reason: Reason) -> None:
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
-        self._backend.release(slot, reason)
+        self._backend.release(_ref(slot), reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
             self._move_to_another_port(slot)
@@ -555,6 +557,17 @@ class SupervisedManagerBase(EnvManager):
 def _last_step(slot: Slot) -> EnvironmentStep:
     """The step the slot's next actions answer (an empty one before its first)."""
     return slot.previous_step if slot.previous_step is not None else EnvironmentStep.empty(slot.worker_id)
+
+
+def _ref(slot: Slot) -> WorkerRef:
+    """The slot's current incarnation, as a backend is told of it (it never gets the slot)."""
+    return WorkerRef(
+        slot.worker_id,
+        slot.incarnation,
+        slot.label,
+        slot.awaiting or slot.last_command,
+        slot.decoder.segment_name,
+    )
 
 
 def merge_worker_timers(timer_root: Any) -> None:

@@ -38,6 +38,10 @@ class EnvironmentCommand(enum.Enum):
     STOPPED = 10  # a signal or a BaseException stops the worker; payload: StopReport. It exits next.
 
 
+# What a worker says last before it exits by itself: its backend reads nothing after it.
+LAST_WORDS = (EnvironmentCommand.ENV_EXITED, EnvironmentCommand.STOPPED)
+
+
 class EnvironmentRequest(NamedTuple):
     cmd: EnvironmentCommand
     worker_id: int

@@ -18,6 +18,14 @@
 # process nobody knows of, or a slot half released ("KeyError" from close()). It is raised as
 # soon as the block ends, a few milliseconds later.
 #
+# A KeyboardInterrupt can be lost: raised while a finalizer runs (a ``__del__``, a weakref
+# callback: shared memory that is let go of, a generator closed by the collector), Python prints
+# "Exception ignored in ..." and goes on, and training would go on after a Ctrl-C, a SIGTERM or
+# a hangup (seen once in CI: a group SIGHUP, the trainer stepping on for a minute). So the
+# manager asks ``raise_if_lost`` before each step and reset: a trainer that asks for more after a
+# stop signal was raised did not get it, and it is raised again there. (ML-Agents closes the env
+# manager after an interrupt; it never steps it again.)
+#
 # A hangup reaches multiprocessing's helpers too (the fork server, the resource tracker), which
 # ignore SIGINT but not SIGHUP: killed by it, the fork server takes the workers' exit codes with
 # it and the resource tracker its registrations. An ignored signal stays ignored across fork and
@@ -30,6 +38,7 @@ import threading
 from typing import Any, Iterator, List, Optional
 
 _interrupts = 0
+_raised: Optional[int] = None  # the last stop signal raised as KeyboardInterrupt
 
 
 def _stop_signals() -> List[signal.Signals]:
@@ -54,12 +63,20 @@ def interrupted_twice() -> bool:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    global _interrupts
+    global _interrupts, _raised
     if _held is not None:  # inside ``deferred``: handled when it ends
         _held.append(signum)
         return
     _interrupts += 1
+    _raised = signum
     raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+
+def raise_if_lost() -> None:
+    """Raise again a stop signal's KeyboardInterrupt that a finalizer swallowed (NOTE [ Trainer
+    signals ]): called where the trainer asks for more steps."""
+    if _raised is not None and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt(f"{signal.Signals(_raised).name} received (raised again: it was lost)")
 
 
 # The signals ``deferred`` holds, while it does; None outside it.

@@ -160,7 +160,7 @@ def env_manager_class(settings: EnvManagerSettings) -> Type[EnvManager]:
     if settings.backend == "subprocess":
         return SupervisedEnvManager
     try:
-        from mlagents_plugin.ray.backend import RayEnvManager
+        from mlagents_plugin.ray.manager import RayEnvManager
     except ImportError as e:
         raise ConfigError(f"{SECTION}.backend is 'ray'. {e}") from None
     return RayEnvManager

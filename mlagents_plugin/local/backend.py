@@ -11,18 +11,21 @@ import multiprocessing.util
 import os
 import secrets
 import signal
+import socket
 import sys
 from multiprocessing.process import BaseProcess
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
+import attr
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import factories, platform, wire
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
-from mlagents_plugin.core.lifecycle import Reason, Slot
-from mlagents_plugin.core.names import Placement, command_name
+from mlagents_plugin.core.lifecycle import Reason
+from mlagents_plugin.core.names import Placement, command_name, worker_label
 from mlagents_plugin.core.protocol import (
+    LAST_WORDS,
     EnvironmentCommand,
     EnvironmentRequest,
     WorkerSpec,
@@ -37,11 +40,15 @@ from mlagents_plugin.local.worker import start_worker, worker_preload
 logger = logging_util.get_logger(__name__)
 
 
-class _Worker(NamedTuple):
-    """A running worker process and the trainer's end of its pipe."""
+@attr.s(auto_attribs=True, slots=True)
+class _Worker:
+    """A running worker incarnation, as this backend knows it (it is this record's one writer)."""
 
     process: BaseProcess
-    conn: Optional[WorkerConnection]  # None once the worker closed its end
+    conn: Optional[WorkerConnection]  # the trainer's end of its pipe; None once the worker closed it
+    incarnation: int
+    label: str
+    last_command: Optional[EnvironmentCommand] = None  # the last one delivered, for its death's message
 
 
 class ProcessBackend(Backend):
@@ -57,19 +64,23 @@ class ProcessBackend(Backend):
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None
         self._timers: List[WorkerTimers] = []  # of workers that closed since the last wait
+        self._host = setup.host
         self._kill_grace_s = settings.kill_grace_s
         self._hardening = hardening.layer(platform.hardened())  # NOTE [ Portable core, Linux hardening ]
         self._readiness = self._hardening.readiness()
         self._ladder = Ladder(settings.shutdown_timeout_s, settings.kill_grace_s, self._readiness, setup.clock)
         self._workers: Dict[int, _Worker] = {}  # by worker id: the live incarnations
+        self._wakeup: Optional[socket.socket] = None  # see waker()
+        self._wakeup_sender: Optional[socket.socket] = None
         # worker id -> (segment prefix, the last segment its replies named), until it is reaped
         self._segments_of_departing: Dict[int, Tuple[str, Optional[str]]] = {}
 
-    def launch(self, slot: Slot, spec: WorkerSpec) -> Placement:
+    def launch(self, spec: WorkerSpec) -> Placement:
+        worker_id, incarnation = spec.worker_id, spec.incarnation
         spec = spec._replace(
-            owner_tag=self._owner_tag(slot),
+            owner_tag=self._owner_tag(worker_id, incarnation),
             hardened=self._hardening.hardened,
-            segment_prefix=self._segment_prefix(slot),
+            segment_prefix=self._segment_prefix(worker_id, incarnation),
         )
         process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
@@ -78,49 +89,74 @@ class ProcessBackend(Backend):
             # the fork server's socket lives in multiprocessing's temp dir, which only an exit
             # of this process removes: the reaper removes it after a SIGKILL too
             self._hardening.remove_with_me(multiprocessing.util.get_temp_dir())
-        self._workers[slot.worker_id] = _Worker(process, conn)
-        self._readiness.watch(process.sentinel, (slot, slot.incarnation, _SENTINEL))
-        self._readiness.watch(conn, (slot, slot.incarnation, _PIPE))
-        return Placement(slot.worker_id, process.pid, "localhost")
+        placement = Placement(worker_id, process.pid, *self._host)
+        label = worker_label(worker_id, process.pid, placement)
+        self._workers[worker_id] = _Worker(process, conn, incarnation, label)
+        self._readiness.watch(process.sentinel, (worker_id, incarnation, _SENTINEL))
+        self._readiness.watch(conn, (worker_id, incarnation, _PIPE))
+        return placement
 
-    def _owner_tag(self, slot: Slot) -> str:
-        """What the slot's current incarnation tags its descendants with (NOTE [ No orphans ])."""
-        return f"{self._owner}{slot.worker_id}.{slot.incarnation}/"
+    def waker(self) -> Callable[[], None]:
+        """A function that, from another thread, cuts the current (or next) ``wait`` short.
+        Call it once, before that thread exists (ray/actor.py's housekeeper)."""
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        theirs.setblocking(False)
+        self._wakeup, self._wakeup_sender = ours, theirs
+        self._readiness.watch(ours, _WAKE)
 
-    def _segment_prefix(self, slot: Slot) -> Optional[str]:
+        def wake() -> None:
+            try:
+                theirs.send(b"\0")
+            except OSError:  # full: a wait is woken already; closed: nothing waits any more
+                pass
+
+        return wake
+
+    def _owner_tag(self, worker_id: int, incarnation: int) -> str:
+        """What a worker incarnation tags its descendants with (NOTE [ No orphans ])."""
+        return f"{self._owner}{worker_id}.{incarnation}/"
+
+    def _segment_prefix(self, worker_id: int, incarnation: int) -> Optional[str]:
         if self._segments is None:
             return None
-        return wire.segment_prefix(self._segments, slot.worker_id, slot.incarnation)
+        return wire.segment_prefix(self._segments, worker_id, incarnation)
 
-    def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
-        worker = self._workers.get(slot.worker_id)
-        if worker is not None:
-            _send(worker, data)
+    def _current(self, ref: WorkerRef) -> Optional[_Worker]:
+        worker = self._workers.get(ref.worker_id)
+        return worker if worker is not None and worker.incarnation == ref.incarnation else None
 
-    def release(self, slot: Slot, reason: Reason) -> None:
-        """Hand the slot's process to the shutdown ladder (CLOSE first, if it may still read
+    def deliver(self, worker: WorkerRef, data: bytes) -> None:
+        current = self._current(worker)
+        if current is not None:
+            current.last_command = worker.last_command
+            _send(current, data)
+
+    def release(self, worker: WorkerRef, reason: Reason) -> None:
+        """Hand the worker's process to the shutdown ladder (CLOSE first, if it may still read
         it); its shared memory goes once it is reaped."""
-        worker = self._workers.pop(slot.worker_id, None)
-        if worker is None:  # never started (a launch that failed), or released already
+        current = self._current(worker)
+        if current is None:  # never started (a launch that failed), or released already
             return
+        del self._workers[worker.worker_id]
         if reason is Reason.CLOSE:
-            close = EnvironmentRequest(EnvironmentCommand.CLOSE, slot.worker_id, slot.incarnation)
-            _send(worker, pack(close))
+            close = EnvironmentRequest(EnvironmentCommand.CLOSE, worker.worker_id, worker.incarnation)
+            _send(current, pack(close))
         # Not now: a worker still stepping may be creating a segment this very moment, and its
         # tracker registration could then arrive after our unregistration (a "leak" at exit).
-        prefix = self._segment_prefix(slot)
+        prefix = self._segment_prefix(worker.worker_id, worker.incarnation)
         if prefix is not None:
-            self._segments_of_departing[slot.worker_id] = (prefix, slot.decoder.segment_name)
-        self._readiness.forget(worker.process.sentinel)
-        if worker.conn is not None:
-            self._readiness.forget(worker.conn)
+            self._segments_of_departing[worker.worker_id] = (prefix, worker.last_segment)
+        self._readiness.forget(current.process.sentinel)
+        if current.conn is not None:
+            self._readiness.forget(current.conn)
         self._ladder.add(
-            slot.worker_id,
-            worker.process,
-            worker.conn,
-            slot.label,
-            self._owner_tag(slot),
-            slot.awaiting or slot.last_command,
+            worker.worker_id,
+            current.process,
+            current.conn,
+            worker.label,
+            self._owner_tag(worker.worker_id, worker.incarnation),
+            worker.last_command,
             reason,
             on_closed=lambda root: self._timers.append(WorkerTimers(root)),
         )
@@ -149,6 +185,9 @@ class ProcessBackend(Backend):
             self._ladder.force()
         self._ladder.run()
         self._readiness.close()
+        for sock in (self._wakeup, self._wakeup_sender):
+            if sock is not None:
+                sock.close()  # a late wake() finds it closed: nothing waits any more
         self._kill_orphans()
         self._remove_segments_of_departed()
         timers, self._timers = self._timers, []
@@ -182,35 +221,39 @@ class ProcessBackend(Backend):
         (readiness.py): a reply and a death both wake it at once, and nothing is polled.
         Departing processes are in the same set; the ladder's ``advance`` handles them.
         """
-        readable: Dict[int, Slot] = {}
-        exited: Dict[int, Slot] = {}
+        readable: Dict[int, _Worker] = {}
+        exited: Dict[int, _Worker] = {}
         for _, data in self._readiness.wait(timeout):
             if data is None:
                 continue  # the ladder's
-            slot, incarnation, kind = data
-            if slot.worker_id in self._workers and slot.incarnation == incarnation:
-                (exited if kind is _SENTINEL else readable)[slot.worker_id] = slot
+            if data is _WAKE:
+                assert self._wakeup is not None  # watched only once made
+                _drain(self._wakeup)
+                continue
+            worker_id, incarnation, kind = data
+            worker = self._workers.get(worker_id)
+            if worker is not None and worker.incarnation == incarnation:
+                (exited if kind is _SENTINEL else readable)[worker_id] = worker
         events: List[Event] = list(self._timers)
         self._timers = []
-        for worker_id, slot in {**readable, **exited}.items():
-            events += self._service(slot, worker_id in readable, worker_id in exited)
+        for worker_id, worker in {**readable, **exited}.items():
+            events += self._service(worker_id, worker, worker_id in readable, worker_id in exited)
         return events
 
-    def _service(self, slot: Slot, readable: bool, exited: bool) -> List[Event]:
+    def _service(self, worker_id: int, worker: _Worker, readable: bool, exited: bool) -> List[Event]:
         """What the worker sent; if its sentinel fired, everything, then its death.
 
         A live worker gets one ``recv`` per wait: a second message makes the next wait return
         at once, and not polling here saves a system call on every step. Reading stops at a
         message that ends the worker (ENV_EXITED, STOPPED): the rest is the ladder's to drain.
         """
-        worker = self._workers[slot.worker_id]
         events: List[Event] = []
         conn = worker.conn
         try:
             while conn is not None and (readable or conn.poll()):
                 response = unpack_response(conn.recv_bytes())
-                events.append(Reply(slot, slot.incarnation, response))
-                if response.cmd in _LAST_WORDS:
+                events.append(Reply(worker_id, worker.incarnation, response))
+                if response.cmd in LAST_WORDS:
                     return events
                 if not exited:
                     return events
@@ -221,7 +264,7 @@ class ProcessBackend(Backend):
             assert conn is not None  # only reading it raises these
             self._readiness.forget(conn)
             conn.close()
-            self._workers[slot.worker_id] = worker._replace(conn=None)
+            worker.conn = None
         if exited:
             # A fork's or spawn's sentinel fires when the worker's descriptors are closed, a moment
             # before the kernel has its exit status: join waits for that (multiprocessing's join
@@ -229,13 +272,13 @@ class ProcessBackend(Backend):
             worker.process.join(SENTINEL_WAIT_S)
             exitcode = worker.process.exitcode
             error = WorkerDiedError(
-                f"{slot.label} {processes.describe_exit(exitcode)} "
-                f"(last command: {command_name(slot.last_command)}){self._bus_error_hint(exitcode)}.",
-                slot.worker_id,
+                f"{worker.label} {processes.describe_exit(exitcode)} "
+                f"(last command: {command_name(worker.last_command)}){self._bus_error_hint(exitcode)}.",
+                worker_id,
                 worker.process.pid,
                 exitcode,
             )
-            events.append(Death(slot, slot.incarnation, error))
+            events.append(Death(worker_id, worker.incarnation, error))
         return events
 
 
@@ -259,5 +302,12 @@ def _send(worker: _Worker, data: bytes) -> None:
 
 
 SENTINEL_WAIT_S = 1.0  # what join waits for the sentinel, which has fired already
-_SENTINEL, _PIPE = "sentinel", "pipe"  # what woke the trainer, in Readiness data
-_LAST_WORDS = (EnvironmentCommand.ENV_EXITED, EnvironmentCommand.STOPPED)
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:  # nothing left (BlockingIOError)
+        pass
+
+
+_SENTINEL, _PIPE, _WAKE = "sentinel", "pipe", "wake"  # what woke the trainer, in Readiness data

@@ -8,32 +8,38 @@ calls, NOTE [ Hosts ] in backend.py.
 This module does not import Ray at module level: backend.py turns ``EnvHostActor`` into an
 actor class.
 """
+import contextlib
 import os
 import threading
 import time
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import attr
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import platform
-from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply, WorkerTimers
+from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
-from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason, Slot
-from mlagents_plugin.core.names import Placement
-from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentResponse, WorkerSpec
+from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason
+from mlagents_plugin.core.names import worker_label
+from mlagents_plugin.core.protocol import LAST_WORDS, EnvironmentCommand, EnvironmentResponse, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.backend import ProcessBackend
 
 logger = logging_util.get_logger(__name__)
 
-# What a worker says last before it exits by itself.
-LAST_WORDS = (EnvironmentCommand.ENV_EXITED, EnvironmentCommand.STOPPED)
 
-# How often a departing worker's ladder is advanced between calls (it needs no call to finish).
-HOUSEKEEPING_S = 0.05
-
-
+# NOTE [ The actor's housekeeper ]
+# The trainer calls an actor only when it has something to send or is owed something, but a
+# departing worker must go down on time regardless (NOTE [ Shutdown ladder ]: CLOSE, then SIGTERM,
+# then SIGKILL), and be reaped when it exits so its player and shared memory go. So a thread of
+# the actor's own takes the ladder's steps between calls. It never polls: it sleeps in the
+# process backend's wait, on the departing processes' sentinels and the live workers' pipes,
+# until the ladder's next deadline; with nothing departing it sleeps on a condition until a call
+# ends (a call is what adds a departure). The backend has one user at a time: a call that
+# arrives while the housekeeper waits cuts that wait short through the backend's waker (a
+# socket pair in the same wait, as CPython's process pool wakes its manager thread), takes the
+# turn, and hands it back with a notify when it returns.
 # NOTE [ Ray actors host worker processes ]
 # A Ray actor could run an env in its own process, as RLlib's env runners do. It would then lose
 # what the subprocess backend guarantees: a Unity build is started in its own session, and when
@@ -95,20 +101,28 @@ class EnvHostActor:
         # The actor's threads would be copied by a fork: workers come from its fork server (or,
         # on the portable path, are spawned).
         settings = attr.evolve(settings, start_method=platform.default_start_method())
+        self._where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
+        node_id, address, actor_pid = self._where
         self._backend = ProcessBackend(
             BackendSetup(
-                settings, n_env, pickled_env_factory, time.monotonic, shared_memory=False,
+                settings,
+                n_env,
+                pickled_env_factory,
+                time.monotonic,
+                shared_memory=False,
+                host=(address, node_id, actor_pid),  # in its workers' labels
             )
         )
-        self._where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
-        self._slots: Dict[int, Slot] = {}  # the live incarnations, as the process backend sees them
+        self._envs: Dict[int, WorkerRef] = {}  # the live incarnations, as the actor tells its backend
         self._ready: Set[int] = set()  # worker ids whose current incarnation has said READY
         self._known: Set[int] = set()  # every worker id launched here
         self._pids: Dict[Tuple[int, int], int] = {}
         self._events: List[EnvEvent] = []
-        # Between calls, departing workers still go down on time (NOTE [ Shutdown ladder ]).
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
+        # NOTE [ The actor's housekeeper ]: between calls, departing workers still go down on time.
+        self._wake = self._backend.waker()
+        self._turn = threading.Condition()  # who uses the backend: a call, or the housekeeper
+        self._calls_waiting = 0  # calls that want the turn (written by the actor's one call thread)
+        self._closed = False
         self._housekeeper = threading.Thread(target=self._keep_house, name="ladder", daemon=True)
         self._housekeeper.start()
 
@@ -116,13 +130,26 @@ class EnvHostActor:
         """Carry out ``items`` in order, then wait up to ``wait_s`` for the replies they ask
         from envs that are ready (envs still starting answer in a later call); without items
         (a poll), for anything to report."""
-        with self._lock:
+        with self._call():
             return self._exchange(items, wait_s)
 
     def apply(self, items: List[Item]) -> None:
         """Carry out ``items`` in order; what the workers answer goes in the next report."""
-        with self._lock:
+        with self._call():
             self._apply(items)
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """The backend's turn for a call: the housekeeper's wait is cut short, and it waits
+        until the call is over."""
+        self._calls_waiting += 1
+        self._wake()
+        with self._turn:
+            self._calls_waiting -= 1
+            try:
+                yield
+            finally:
+                self._turn.notify()
 
     def _apply(self, items: List[Item]) -> Set[int]:
         """Carry out ``items``; return the envs asked for a reply that are ready to give it."""
@@ -172,66 +199,64 @@ class EnvHostActor:
 
     def close(self, interrupted: bool) -> HostReport:
         """Take every worker down (NOTE [ Shutdown ladder ]), bounded; report how they went."""
-        self._closed.set()
-        self._housekeeper.join(HOUSEKEEPING_S + 1.0)
-        with self._lock:
+        with self._call():
+            self._closed = True
+        self._housekeeper.join()
+        with self._turn:
             return self._close(interrupted)
 
     def _keep_house(self) -> None:
-        """While no call runs: the ladder's next step for departing workers, and what the
-        workers say meanwhile (kept for the next report)."""
-        while not self._closed.wait(HOUSEKEEPING_S):
-            if self._backend.next_deadline() is None or not self._lock.acquire(blocking=False):
-                continue
-            try:
-                self._receive(self._backend.wait(0.0))
+        """While no call runs and workers are departing: wait on their processes and the live
+        workers' pipes until the ladder's next deadline, then take its next step; what the
+        live workers say meanwhile is kept for the next report. With nothing departing, it
+        sleeps until a call ends."""
+        with self._turn:
+            while not self._closed:
+                deadline = self._backend.next_deadline()
+                if self._calls_waiting or deadline is None:
+                    self._turn.wait()
+                    continue
+                self._receive(self._backend.wait(max(0.0, deadline - time.monotonic())))
                 self._backend.advance()
-            finally:
-                self._lock.release()
 
     def _close(self, interrupted: bool) -> HostReport:
-        for slot in list(self._slots.values()):
-            self._backend.release(slot, Reason.INTERRUPTED if interrupted else Reason.CLOSE)
-        self._slots.clear()
+        for ref in self._envs.values():
+            self._backend.release(ref, Reason.INTERRUPTED if interrupted else Reason.CLOSE)
+        self._envs.clear()
         self._receive(self._backend.close(interrupted))  # the closed workers' timers
         return self._report()
 
     # ------------------------------------------------------------------------------ items
 
     def _launch(self, spec: WorkerSpec) -> None:
-        # The actor's mirror of the trainer's slot: what the process backend reads (worker id,
-        # incarnation, label, last command), kept up to date here rather than by transitions.
         logging_util.set_log_level(spec.log_level)
-        slot = Slot(spec.worker_id)
-        slot.incarnation = spec.incarnation
-        placement = self._backend.launch(slot, spec)
+        placement = self._backend.launch(spec)
         assert placement is not None and placement.pid is not None  # the process backend knows at once
-        pid = placement.pid
-        node_id, address, actor_pid = self._where  # for the labels of the actor's own reports
-        slot.placement = Placement(slot.worker_id, pid, address, node_id, actor_pid)
-        self._slots[spec.worker_id] = slot
+        label = worker_label(spec.worker_id, placement.pid, placement)
+        self._envs[spec.worker_id] = WorkerRef(spec.worker_id, spec.incarnation, label, None)
         self._ready.discard(spec.worker_id)
         self._known.add(spec.worker_id)
-        self._pids[(spec.worker_id, spec.incarnation)] = pid
+        self._pids[(spec.worker_id, spec.incarnation)] = placement.pid
+
+    def _current(self, worker_id: int, incarnation: int) -> Optional[WorkerRef]:
+        ref = self._envs.get(worker_id)
+        return ref if ref is not None and ref.incarnation == incarnation else None  # else released
 
     def _deliver(self, item: Deliver) -> bool:
-        slot = self._slots.get(item.worker_id)
-        if slot is None or slot.incarnation != item.incarnation:
-            return False  # released meanwhile
-        slot.last_command = item.command
-        if item.command in WITH_REPLY:
-            slot.awaiting = item.command
-        self._backend.deliver(slot, item.command, item.data)
+        ref = self._current(item.worker_id, item.incarnation)
+        if ref is None:
+            return False
+        self._envs[item.worker_id] = ref = ref._replace(last_command=item.command)
+        self._backend.deliver(ref, item.data)
         return item.command in WITH_REPLY
 
     def _release(self, item: Release) -> None:
-        slot = self._slots.get(item.worker_id)
-        if slot is None or slot.incarnation != item.incarnation:
+        ref = self._current(item.worker_id, item.incarnation)
+        if ref is None:
             return
-        del self._slots[item.worker_id]
+        del self._envs[item.worker_id]
         self._ready.discard(item.worker_id)
-        slot.last_command = item.last_command
-        self._backend.release(slot, item.reason)
+        self._backend.release(ref._replace(last_command=item.last_command), item.reason)
 
     # ----------------------------------------------------------------------------- events
 
@@ -242,31 +267,30 @@ class EnvHostActor:
             if isinstance(event, WorkerTimers):
                 self._timers.append(event.timer_root)
                 continue
-            slot = event.slot
-            if self._slots.get(slot.worker_id) is not slot:
+            ref = self._current(event.worker_id, event.incarnation)
+            if ref is None:
                 continue  # from an incarnation released meanwhile
             if isinstance(event, Reply):
                 response = event.response
                 if response.cmd is EnvironmentCommand.READY:
-                    self._ready.add(slot.worker_id)
+                    self._ready.add(ref.worker_id)
                 else:
-                    slot.awaiting = None
-                    answered.add(slot.worker_id)
-                self._events.append(EnvEvent(slot.worker_id, event.incarnation, response, None))
+                    answered.add(ref.worker_id)
+                self._events.append(EnvEvent(ref.worker_id, ref.incarnation, response, None))
                 if response.cmd in LAST_WORDS:
-                    self._let_go(slot)
+                    self._let_go(ref)
             elif isinstance(event, Death):
-                answered.add(slot.worker_id)
-                self._events.append(EnvEvent(slot.worker_id, event.incarnation, None, event.error))
-                self._let_go(slot)
+                answered.add(ref.worker_id)
+                self._events.append(EnvEvent(ref.worker_id, ref.incarnation, None, event.error))
+                self._let_go(ref)
         return answered
 
-    def _let_go(self, slot: Slot) -> None:
+    def _let_go(self, ref: WorkerRef) -> None:
         """A worker that died or is exiting goes to the ladder now, not when the trainer's
         Release comes (a call later): its sentinel, still watched, would wake every wait."""
-        del self._slots[slot.worker_id]
-        self._ready.discard(slot.worker_id)
-        self._backend.release(slot, Reason.CLOSE)
+        del self._envs[ref.worker_id]
+        self._ready.discard(ref.worker_id)
+        self._backend.release(ref, Reason.CLOSE)
 
     def _departing(self) -> FrozenSet[int]:
         return frozenset(w for w in self._known if self._backend.departing(w))
@@ -274,7 +298,7 @@ class EnvHostActor:
     def _report(self) -> HostReport:
         departing = self._departing()
         outcomes = {
-            w: self._backend.outcome(w) for w in self._known if w not in self._slots and w not in departing
+            w: self._backend.outcome(w) for w in self._known if w not in self._envs and w not in departing
         }
         report = HostReport(self._events, self._where, self._pids, departing, outcomes, self._timers)
         self._events, self._pids, self._timers = [], {}, []

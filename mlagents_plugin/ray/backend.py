@@ -1,27 +1,25 @@
-"""RayEnvManager: the same supervised env manager, its workers Ray actors anywhere in a cluster.
+"""RayBackend: the supervised env manager's workers as Ray actors anywhere in a cluster.
 
-Every decision is the manager's (core/manager.py), as for the subprocess backend. ``RayBackend``
-here is the transport: an actor hosts ``envs_per_worker`` worker processes (actor.py, NOTE [ Ray
-actors host worker processes ]); the trainer's messages to one actor go in one call, whose result
-is what its workers said (NOTE [ Hosts ]); the trainer blocks in ``ray.wait`` on every call in
-flight; a lost actor or node is the death of its workers; a hung worker is killed by its actor's
-shutdown ladder. docs/ray.md says how to run it on a cluster and what fails how.
+Every decision is the manager's (core/manager.py), as for the subprocess backend; RayEnvManager
+(manager.py) runs it over this backend. ``RayBackend`` is the transport: an actor hosts
+``envs_per_worker`` worker processes (actor.py, NOTE [ Ray actors host worker processes ]);
+the trainer's messages to one actor go in one call, whose result is what its workers said
+(NOTE [ Hosts ]); the trainer blocks in ``ray.wait`` on every call in flight; a lost actor or
+node is the death of its workers; a hung worker is killed by its actor's shutdown ladder.
+docs/ray.md says how to run it on a cluster and what fails how.
 """
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
-from mlagents.trainers.settings import RunOptions
 from mlagents_envs import logging_util
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Placed, Reply, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Placed, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
-from mlagents_plugin.core.lifecycle import Reason, Slot, WorkerState
-from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase
-from mlagents_plugin.core.names import Placement, command_name, zombie_report
+from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason
+from mlagents_plugin.core.names import Placement, command_name, worker_label, zombie_report
 from mlagents_plugin.core.protocol import EnvironmentCommand, WorkerSpec
-from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.ray.actor import Deliver, EnvHostActor, HostReport, Item, Launch, Release
 
@@ -39,17 +37,6 @@ logger = logging_util.get_logger(__name__)
 
 # Slack on top of shutdown_timeout_s + kill_grace_s for an actor's own close ladder to answer.
 CLOSE_SLACK_S = 5.0
-
-
-class RayEnvManager(SupervisedManagerBase):
-    def __init__(
-        self,
-        env_factory: EnvFactory,
-        run_options: RunOptions,
-        n_env: int = 1,
-        settings: Optional[EnvManagerSettings] = None,
-    ):
-        super().__init__(env_factory, run_options, n_env, settings, RayBackend)
 
 
 # NOTE [ Hosts ]
@@ -74,17 +61,26 @@ class RayEnvManager(SupervisedManagerBase):
 # host.
 CALL_WAIT_S = 1.0
 POLL_WAIT_S = 0.1
+ANSWERS = (EnvironmentCommand.READY, *WITH_REPLY)  # each pays off one reply an env owes
+
+
+class _Env(NamedTuple):
+    """A live env worker incarnation on a host, as the trainer's backend knows it."""
+
+    ref: WorkerRef  # as the manager last described it; its label once the host placed it
+    pid: Optional[int] = None  # once its actor reported it
+    owed: int = 1  # replies it owes: READY at first, then one per STEP or RESET
 
 
 class _Host:
-    """One actor and the slots it hosts, as the trainer sees them."""
+    """One actor and the envs it hosts, as the trainer sees them."""
 
     def __init__(self, index: int):
         self.index = index
         self.actor: Any = None
         self.sent_at = 0.0  # when the exchange in flight was sent
         self.answered = False  # has the actor answered any call (it is placed)?
-        self.slots: Dict[int, Slot] = {}  # by worker id: the live incarnations on this actor
+        self.envs: Dict[int, _Env] = {}  # by worker id: the live incarnations on this actor
         self.outbox: List[Item] = []
         self.call: Any = None  # the exchange in flight
         self.exchanges = 0  # exchanges sent so far; the one in flight is number exchanges - 1
@@ -104,7 +100,7 @@ class _Host:
             except RayActorError:
                 pass  # the actor's death is reported by its exchange
             except RayError as e:
-                logger.warning(f"A call to the Ray actor of env workers {sorted(self.slots)} failed: {_first_line(e)}")
+                logger.warning(f"A call to the Ray actor of env workers {sorted(self.envs)} failed: {_first_line(e)}")
 
     def send(self, items: List[Item], wait_s: float, now: float) -> None:
         self.call = self.actor.exchange.remote(items, wait_s)
@@ -117,8 +113,12 @@ class _Host:
             self.applying.append(self.call)
         self.call = None
 
+    def current(self, worker_id: int, incarnation: int) -> Optional[_Env]:
+        env = self.envs.get(worker_id)
+        return env if env is not None and env.ref.incarnation == incarnation else None
+
     def owes_replies(self) -> bool:
-        return any(s.state is WorkerState.STARTING or s.awaiting is not None for s in self.slots.values())
+        return any(env.owed for env in self.envs.values())
 
 
 class RayBackend(Backend):
@@ -157,57 +157,70 @@ class RayBackend(Backend):
     def _host(self, worker_id: int) -> _Host:
         return self._hosts[worker_id // self._k]
 
-    def launch(self, slot: Slot, spec: WorkerSpec) -> None:  # placed when its actor reports
-        host = self._host(slot.worker_id)
+    def launch(self, spec: WorkerSpec) -> None:  # placed when its actor reports
+        host = self._host(spec.worker_id)
         if host.actor is None:
             host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
             host.answered = False
-        host.slots[slot.worker_id] = slot
+        label = worker_label(spec.worker_id, None)
+        host.envs[spec.worker_id] = _Env(WorkerRef(spec.worker_id, spec.incarnation, label, None))
         host.outbox.append(Launch(spec))
 
-    def deliver(self, slot: Slot, command: EnvironmentCommand, data: bytes) -> None:
-        host = self._host(slot.worker_id)
-        if host.slots.get(slot.worker_id) is slot:
-            host.outbox.append(Deliver(slot.worker_id, slot.incarnation, command, data))
+    def deliver(self, worker: WorkerRef, data: bytes) -> None:
+        host = self._host(worker.worker_id)
+        env = host.current(worker.worker_id, worker.incarnation)
+        if env is None:
+            return
+        command = worker.last_command
+        assert command is not None  # it is the command delivered
+        host.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
+        host.outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
 
-    def release(self, slot: Slot, reason: Reason) -> None:
-        """The slot's worker goes down through its actor's shutdown ladder. An actor that never
+    def release(self, worker: WorkerRef, reason: Reason) -> None:
+        """The worker goes down through its actor's shutdown ladder. An actor that never
         answered (not placed, or still starting) could not run it: it is killed, and the
         envs it hosts with it."""
-        host = self._host(slot.worker_id)
-        if host.slots.get(slot.worker_id) is not slot:
+        host = self._host(worker.worker_id)
+        if host.current(worker.worker_id, worker.incarnation) is None:
             return
-        del host.slots[slot.worker_id]
+        del host.envs[worker.worker_id]
         if not host.answered:
-            logger.info(f"{slot.label}: its Ray actor has not started; killing it.")
-            self._outcomes[slot.worker_id] = "was killed with its Ray actor"
-            self._kill_host(host, f"its Ray actor was killed before it started, with {slot.label}")
+            logger.info(f"{worker.label}: its Ray actor has not started; killing it.")
+            self._outcomes[worker.worker_id] = "was killed with its Ray actor"
+            self._kill_host(host, f"its Ray actor was killed before it started, with {worker.label}")
             return
-        last_command = slot.awaiting or slot.last_command
+        last_command = worker.last_command
         if reason is Reason.HUNG:  # the actor's ladder reports it too, in the actor's log
             why = f"did not answer {command_name(last_command)}"
-            logger.warning(zombie_report(slot.label, why, last_command, "its Ray actor is killing it"))
+            logger.warning(zombie_report(worker.label, why, last_command, "its Ray actor is killing it"))
         # Sent now, not at the next wait: a hung worker and its player go down even if the
         # trainer does not call again for a while. Ray runs it after the calls sent before it.
-        items, host.outbox = host.outbox + [Release(slot.worker_id, slot.incarnation, reason, last_command)], []
+        release = Release(worker.worker_id, worker.incarnation, reason, last_command)
+        items, host.outbox = host.outbox + [release], []
         host.applying.append(host.actor.apply.remote(items))
-        host.departing.add(slot.worker_id)
-        host.unreported[slot.worker_id] = host.exchanges
+        host.departing.add(worker.worker_id)
+        host.unreported[worker.worker_id] = host.exchanges
 
     def departing(self, worker_id: int) -> bool:
         return worker_id in self._host(worker_id).departing
 
     def _kill_host(self, host: _Host, why: str) -> None:
-        """Kill the host's actor; its live slots die (reported at the next wait)."""
+        """Kill the host's actor; its live envs die (reported at the next wait)."""
+        host.deaths += self._lose_host(host, lambda env: f"{env.ref.label}: {why}.", "was killed with its Ray actor")
+
+    def _lose_host(self, host: _Host, message: Callable[[_Env], str], outcome: str) -> List[Event]:
+        """The one place where a host's actor is let go of, by us (killed) or by Ray (it died,
+        a call failed): its live envs die, its departing ones ended with ``outcome``."""
         if host.actor is not None:
-            ray.kill(host.actor, no_restart=True)
-        for slot in host.slots.values():
-            error = WorkerDiedError(f"{slot.label}: {why}.", slot.worker_id, slot.pid)
-            host.deaths.append(Death(slot, slot.incarnation, error))
-        for worker_id in [*host.slots, *host.departing]:
-            self._outcomes[worker_id] = "was killed with its Ray actor"
+            ray.kill(host.actor, no_restart=True)  # nothing if it is dead already
+        deaths: List[Event] = [
+            Death(w, env.ref.incarnation, WorkerDiedError(message(env), w, env.pid)) for w, env in host.envs.items()
+        ]
+        for worker_id in [*host.envs, *host.departing]:
+            self._outcomes[worker_id] = outcome
         host.drop_calls()
-        host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
+        host.actor, host.envs, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
+        return deaths
 
     def close(self, interrupted: bool) -> List[WorkerTimers]:
         """Every actor takes its workers down with its own ladder, bounded by shutdown_timeout_s
@@ -311,32 +324,28 @@ class RayBackend(Backend):
             report: HostReport = ray.get(ref)
         except RayError as e:
             what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
-            events: List[Event] = []
-            for slot in host.slots.values():
-                error = WorkerDiedError(
-                    f"{slot.label}: its Ray actor {what} (last command: {command_name(slot.last_command)}); "
-                    f"the node may have been lost. Ray says: {_first_line(e)}",
-                    slot.worker_id,
-                    slot.pid,
-                )
-                events.append(Death(slot, slot.incarnation, error))
-            for worker_id in host.departing:
-                self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
-            if not isinstance(e, RayActorError):  # the call failed in a live actor: end it
-                ray.kill(host.actor, no_restart=True)
-            host.actor, host.slots, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
-            return events
+            ray_says = _first_line(e)
+            return self._lose_host(
+                host,
+                lambda env: (
+                    f"{env.ref.label}: its Ray actor {what} (last command: {command_name(env.ref.last_command)}); "
+                    f"the node may have been lost. Ray says: {ray_says}"
+                ),
+                f"was lost with its actor ({ray_says})",
+            )
         host.answered = True
         events = self._absorb(host, report, host.exchanges - 1)
         for event in report.events:
-            owner = host.slots.get(event.worker_id)
-            if owner is None or owner.incarnation != event.incarnation:
+            env = host.current(event.worker_id, event.incarnation)
+            if env is None:
                 continue  # from an incarnation released meanwhile
+            owed = env.owed - 1 if event.response is not None and event.response.cmd in ANSWERS else 0
+            host.envs[event.worker_id] = env._replace(owed=max(0, owed))  # else it is ending
             if event.response is not None:
-                events.append(Reply(owner, event.incarnation, event.response))
+                events.append(Reply(event.worker_id, event.incarnation, event.response))
             else:
                 assert event.error is not None
-                events.append(Death(owner, event.incarnation, event.error))
+                events.append(Death(event.worker_id, event.incarnation, event.error))
         return events
 
     def next_deadline(self) -> Optional[float]:
@@ -350,7 +359,7 @@ class RayBackend(Backend):
         for host in self._hosts:
             if host.call is not None and host.answered and now >= host.sent_at + self._call_bound_s:
                 why = f"its Ray actor did not answer a call within {self._call_bound_s:.0f} s and was killed"
-                logger.error(f"Ray actor of env workers {sorted(host.slots)}: {why}.")
+                logger.error(f"Ray actor of env workers {sorted(host.envs)}: {why}.")
                 self._kill_host(host, why)
 
     def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int] = None) -> List[Event]:
@@ -359,9 +368,12 @@ class RayBackend(Backend):
         placed: List[Event] = []
         node_id, address, actor_pid = report.where
         for (worker_id, incarnation), pid in report.pids.items():
-            slot = host.slots.get(worker_id)
-            if slot is not None and slot.incarnation == incarnation:
-                placed.append(Placed(slot, incarnation, Placement(worker_id, pid, address, node_id, actor_pid)))
+            env = host.current(worker_id, incarnation)
+            if env is not None:
+                placement = Placement(worker_id, pid, address, node_id, actor_pid)
+                ref = env.ref._replace(label=worker_label(worker_id, pid, placement))
+                host.envs[worker_id] = env._replace(ref=ref, pid=pid)
+                placed.append(Placed(worker_id, incarnation, placement))
         host.unreported = {
             w: first for w, first in host.unreported.items() if exchange is not None and exchange < first
         }
