@@ -108,6 +108,15 @@ def processes_naming(path: Path) -> List[int]:
     return found
 
 
+def wait_for_files(directory: Path, names, within_s: float = 30.0) -> None:
+    """Until every one of ``names`` exists in ``directory`` (a faulty env's ``fired_dir``, say)."""
+    deadline = time.monotonic() + within_s
+    while not all((directory / str(name)).exists() for name in names):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{sorted(p.name for p in directory.iterdir())} in {directory}, never all of {names}")
+        time.sleep(0.02)
+
+
 def alive_after(pids, grace_s: float):
     """The pids still running (not zombies) after up to ``grace_s``."""
     deadline = time.monotonic() + grace_s

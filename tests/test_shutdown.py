@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import wait_for_files
 
 from mlagents_plugin.testing import (
     HangingEnvironment,
@@ -64,12 +65,14 @@ def close_and_time(manager) -> float:
     "situation",
     ["steps in flight", "dead workers", "hung workers", "sigterm-ignoring workers"],
 )
-def test_close_is_bounded_and_leaves_nothing(env_manager_factory, situation, num_envs):
+def test_close_is_bounded_and_leaves_nothing(env_manager_factory, situation, num_envs, tmp_path):
     kwargs = {
         "steps in flight": dict(env_class=SimpleEnvironment, step_sleep_s=5.0),
         "dead workers": dict(env_class=SimpleEnvironment),
-        "hung workers": dict(env_class=HangingEnvironment, after_steps=1),
-        "sigterm-ignoring workers": dict(env_class=HangingEnvironment, after_steps=1, ignore_sigterm=True),
+        "hung workers": dict(env_class=HangingEnvironment, after_steps=1, fired_dir=str(tmp_path)),
+        "sigterm-ignoring workers": dict(
+            env_class=HangingEnvironment, after_steps=1, ignore_sigterm=True, fired_dir=str(tmp_path)
+        ),
     }[situation]
     manager = env_manager_factory(
         make_factory(**kwargs), num_envs, shutdown_timeout_s=SHUTDOWN, kill_grace_s=GRACE,
@@ -83,7 +86,8 @@ def test_close_is_bounded_and_leaves_nothing(env_manager_factory, situation, num
         wait_gone(pids, 5)
     else:
         manager._queue_steps()  # steps are now in flight (and, for hung envs, never answered)
-        time.sleep(0.3)
+        if "fired_dir" in kwargs:  # (a step in flight is served before the CLOSE behind it)
+            wait_for_files(tmp_path, range(num_envs))
     assert close_and_time(manager) < CLOSE_BOUND_S
     assert not any(alive(pid) for pid in pids)
     assert close_and_time(manager) < 0.1  # twice is harmless
@@ -244,16 +248,20 @@ class HangingPlayerEnvironment(PlayerLaunchingEnvironment, HangingEnvironment):
 
 @pytest.mark.timeout(60)
 def test_a_force_killed_workers_player_is_killed(env_manager_factory, tmp_path):
+    pid_dir, hung = tmp_path / "players", tmp_path / "hung"
+    pid_dir.mkdir()
+    hung.mkdir()
     factory = make_factory(
-        HangingPlayerEnvironment, player_pid_dir=str(tmp_path), after_steps=1, ignore_sigterm=True
+        HangingPlayerEnvironment, player_pid_dir=str(pid_dir), after_steps=1, ignore_sigterm=True,
+        fired_dir=str(hung),
     )
     manager = env_manager_factory(factory, 2, shutdown_timeout_s=SHUTDOWN, kill_grace_s=GRACE)
     manager.reset()
     manager._queue_steps()
-    time.sleep(0.3)
+    wait_for_files(hung, [0, 1])
     manager.close()
-    assert len(players(tmp_path)) == 2
-    assert not any(alive(pid) for pid in players(tmp_path))
+    assert len(players(pid_dir)) == 2
+    assert not any(alive(pid) for pid in players(pid_dir))
 
 
 @pytest.mark.hardening

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import finish, learn_command, start_learn, wait_for_line, write_config
+from helpers import finish, learn_command, start_learn, wait_for_files, wait_for_line, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -78,6 +78,8 @@ def test_one_interrupt_saves_the_model_and_leaves_nothing(tmp_path, how):
 
 @pytest.mark.timeout(240)
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    closing = tmp_path / "closing"
+    closing.mkdir()
     trainer = start_training(
         tmp_path,
         {
@@ -85,6 +87,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
             "during": "close",
             "ignore_sigterm": True,
             "step_sleep_s": 0.005,
+            "fired_dir": str(closing),
         },
         shutdown_timeout_s=120,
         kill_grace_s=120,
@@ -94,7 +97,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
         wait_for_line(trainer, "Step: 500.", output)
         os.killpg(trainer.pid, signal.SIGINT)
         wait_for_line(trainer, "Learning was interrupted", output)
-        time.sleep(2.0)  # the model is saved and close() waits for workers that never close
+        wait_for_files(closing, [0, 1])  # the model is saved; close() waits for envs that never close
         os.killpg(trainer.pid, signal.SIGINT)
         took = finish(trainer, output, timeout_s=60)
     finally:

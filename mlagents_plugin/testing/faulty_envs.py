@@ -34,6 +34,7 @@ class _FaultyEnvironment(SimpleEnvironment):
         during: str = "step",
         only_worker: Optional[int] = None,
         once_file: Optional[str] = None,
+        fired_dir: Optional[str] = None,
         **kwargs: Any,
     ):
         if during not in ("init", "reset", "step", "close"):
@@ -42,6 +43,7 @@ class _FaultyEnvironment(SimpleEnvironment):
         self.during = during
         self.only_worker = only_worker
         self.once_file = once_file
+        self.fired_dir = fired_dir  # where a file named after the worker id says the fault is firing
         self._initialized = False
         super().__init__(*args, **kwargs)
         self._initialized = True
@@ -72,6 +74,9 @@ class _FaultyEnvironment(SimpleEnvironment):
                     pass
             except FileExistsError:
                 return
+        if self.fired_dir is not None:
+            with open(os.path.join(self.fired_dir, str(self.worker_id)), "w"):
+                pass
         self.fire()
 
     def fire(self) -> None:
