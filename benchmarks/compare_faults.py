@@ -10,7 +10,7 @@ files the env writes).
     python compare_faults.py [--only kill exit ...] [--managers upstream ours] [--save RESULTS.md]
 
 It prints a Markdown table: scenario | upstream | ours. Per-run console output and the JSON each
-run reports through are kept in ``runs/`` next to this file.
+run reports through are kept in ``results/fault-runs/`` of the checkout.
 
 Internally the script re-runs itself as ``--child SCENARIO MANAGER --run-dir DIR`` for each run.
 The parts are in ``faults/`` (its ``__init__`` lists them).

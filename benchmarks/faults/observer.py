@@ -16,7 +16,7 @@ from faults.scenarios import Scenario
 
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(BENCHMARKS, "compare_faults.py")  # a run is this script, re-run with --child
-RUNS_DIR = os.path.join(BENCHMARKS, "runs")
+RUNS_DIR = os.path.join(os.path.dirname(BENCHMARKS), "results", "fault-runs")  # never the source tree
 SETTLE_S = 3.0  # how long helpers (forkserver, resource tracker) may take to go after the run
 # What label() calls a process whose command line holds the key
 COMMANDS = {
@@ -49,7 +49,7 @@ def run_one(scenario: Scenario, manager_name: str) -> List[str]:
 
 
 def fresh_run_dir(name: str) -> str:
-    """``runs/NAME/``, without what an earlier run left in it."""
+    """``results/fault-runs/NAME/``, without what an earlier run left in it."""
     run_dir = os.path.join(RUNS_DIR, name)
     os.makedirs(players_dir(run_dir), exist_ok=True)
     for stale in (record_path(run_dir), console_path(run_dir)):
