@@ -18,7 +18,7 @@ _PUBLIC = {
     "RemoteWorkerError": "mlagents_plugin.core.errors",
     "ManagerClosedError": "mlagents_plugin.core.errors",
     "AllWorkersFailedError": "mlagents_plugin.core.errors",
-    "Placement": "mlagents_plugin.core.names",
+    "Placement": "mlagents_plugin.core.placement",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -18,7 +18,8 @@ from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
-from mlagents_plugin.core.names import Placement, worker_label
+from mlagents_plugin.core.names import worker_label
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import (
     EnvironmentCommand,
     EnvironmentResponse,

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
-from mlagents_plugin.core.names import Placement
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand, EnvironmentResponse, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Dict, Optional
 
 from mlagents_envs.base_env import BehaviorName, BehaviorSpec
 
-from mlagents_plugin.core.names import Placement, worker_label
+from mlagents_plugin.core.names import worker_label
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand
 from mlagents_plugin.core.wire import Decoder
 

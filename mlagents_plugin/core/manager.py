@@ -31,7 +31,8 @@ from mlagents_plugin.core.errors import (
     exception_from_envelope,
 )
 from mlagents_plugin.core.lifecycle import CHECK_INVARIANTS, Reason, Slot, WorkerState
-from mlagents_plugin.core.names import Placement, command_name
+from mlagents_plugin.core.names import command_name
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import (
     EnvironmentCommand,
     EnvironmentRequest,

@@ -1,18 +1,9 @@
 """How workers, commands and forced kills are named in messages: one place, so that every log
 line and error says them the same way."""
-from typing import NamedTuple, Optional
+from typing import Optional
 
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand
-
-
-class Placement(NamedTuple):
-    """Where a worker runs: ``manager.placements[worker_id]``."""
-
-    worker_id: int
-    pid: Optional[int]  # the env worker process (None until it has reported)
-    node: str  # "localhost", or the Ray node's address
-    node_id: Optional[str] = None  # the Ray node's id
-    actor_pid: Optional[int] = None  # the Ray actor hosting the worker process
 
 
 def worker_label(worker_id: int, pid: Optional[int], placement: Optional[Placement] = None) -> str:

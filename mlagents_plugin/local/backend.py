@@ -23,7 +23,8 @@ from mlagents_plugin.core import factories, platform, wire
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
-from mlagents_plugin.core.names import Placement, command_name, worker_label
+from mlagents_plugin.core.names import command_name, worker_label
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import (
     LAST_WORDS,
     EnvironmentCommand,

@@ -18,7 +18,8 @@ from mlagents_envs import logging_util
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Placed, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason
-from mlagents_plugin.core.names import Placement, command_name, worker_label, zombie_report
+from mlagents_plugin.core.names import command_name, worker_label, zombie_report
+from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand, WorkerSpec
 from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.ray.actor import Deliver, EnvHostActor, HostReport, Item, Launch, Release
