@@ -12,7 +12,7 @@ from mlagents_envs import logging_util
 
 from mlagents_plugin.local.hardening import Hardening
 from mlagents_plugin.local.linux import reaper as reaper_script
-from mlagents_plugin.local.linux.reaper_client import reaper
+from mlagents_plugin.local.linux import reaper_client
 from mlagents_plugin.local.player_watch import PlayerWatch
 from mlagents_plugin.local.readiness import EpollReadiness, Readiness
 
@@ -30,10 +30,10 @@ class LinuxHardening(Hardening):
         return EpollReadiness()
 
     def watch_worker(self, pid: int) -> None:
-        reaper.watch_worker(pid)
+        reaper_client.reaper.watch_worker(pid)
 
     def remove_with_me(self, directory: str) -> None:
-        reaper.remove_with_me(directory)
+        reaper_client.reaper.remove_with_me(directory)
 
     def remove_segments(self, prefix: str, last_seen: Optional[str]) -> None:
         remove_segments(prefix)

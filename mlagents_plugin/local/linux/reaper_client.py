@@ -13,6 +13,8 @@ from mlagents_plugin.core import wire
 from mlagents_plugin.local import processes
 from mlagents_plugin.local.linux import reaper as reaper_script
 
+assert sys.platform == "linux"
+
 logger = logging_util.get_logger(__name__)
 
 
