@@ -4,12 +4,15 @@ that builds nothing. Real worker processes; the mlagents-learn side is in test_r
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -413,3 +416,46 @@ def test_a_timeout_wait_too_long_for_the_derived_deadlines_is_refused(run_option
     run_options.env_settings.timeout_wait = 10**9
     with pytest.raises(TrainerConfigError, match="--timeout-wait=1000000000 is too long"):
         parse_section(None).resolved(run_options)
+
+
+CLEANED_TMP_SCRIPT = textwrap.dedent("""
+    import multiprocessing.util, os, shutil, signal
+    from mlagents.trainers.settings import RunOptions
+    from mlagents_plugin import SupervisedEnvManager, EnvManagerSettings
+    from mlagents_plugin.testing import SimpleEnvironment, make_factory
+    if __name__ == "__main__":
+        settings = EnvManagerSettings(start_method="forkserver", restart_backoff_s=0.0)
+        manager = SupervisedEnvManager(make_factory(SimpleEnvironment), RunOptions(), 2, settings)
+        manager.reset()
+        shutil.rmtree(multiprocessing.util.get_temp_dir())  # what a /tmp cleaner does mid-run
+        killed = manager.worker_pids[1]
+        os.kill(killed, signal.SIGKILL)
+        while manager.worker_pids.get(1) in (None, killed) or manager.restart_counts.get("died") != 1:
+            manager.get_steps()
+        stepped = set()
+        while stepped != {0, 1}:
+            stepped |= {step.worker_id for step in manager.get_steps()}
+        print("RESTARTED", manager.worker_pids[1], flush=True)
+        manager.close()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_restarts_after_tmp_was_cleaned_under_the_fork_server(tmp_path):
+    """systemd-tmpfiles, tmpreaper or an rm -rf /tmp/pymp-* removes the fork server's socket: the
+    next worker is spawned instead of failing with FileNotFoundError (NOTE [ A fork server gone ])."""
+    script = tmp_path / "trainer.py"
+    script.write_text(CLEANED_TMP_SCRIPT)
+    temp = Path(tempfile.mkdtemp(prefix="mlap-t-"))  # this run's pymp dir, apart from everyone's
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=100,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "RESTARTED" in run.stdout
+        assert "fork server cannot be reached (FileNotFoundError" in run.stderr + run.stdout
+        assert "Traceback" not in run.stderr, run.stderr
+        assert list(temp.iterdir()) == []  # multiprocessing removed the dir made again at exit
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

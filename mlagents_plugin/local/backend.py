@@ -83,7 +83,13 @@ class ProcessBackend(Backend):
             hardened=self._hardening.hardened,
             segment_prefix=self._segment_prefix(worker_id, incarnation),
         )
-        process, conn = start_worker(self._context, spec)
+        try:
+            process, conn = start_worker(self._context, spec)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            if self._context.get_start_method() != "forkserver":
+                raise
+            self._context = _without_fork_server(e)
+            process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
         self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
         if not self._workers and self._context.get_start_method() == "forkserver":
@@ -291,6 +297,24 @@ class ProcessBackend(Backend):
             f"; it writes large observations into shared memory, and a full {wire.DEV_SHM} is the "
             f"usual cause ({wire.dev_shm_space()}; in Docker: `docker run --shm-size=2g`)"
         )
+
+
+# NOTE [ A fork server gone ]
+# The fork server listens on a socket in multiprocessing's temp dir (/tmp/pymp-*). Whatever
+# cleans /tmp while a run goes on (systemd-tmpfiles after 10 days, tmpreaper, a user's rm -rf
+# /tmp/pymp-*) removes that socket, and every worker started after it, a restart included, would
+# fail with FileNotFoundError: the run could never replace a worker again. The fork server itself
+# still runs and still reports its workers' exits, so it is kept; new workers are spawned
+# instead (a slower start, as on macOS and Windows), and a warning says why. The temp dir is made
+# again, for multiprocessing to remove at exit (it would print a traceback for a missing one).
+def _without_fork_server(error: OSError) -> multiprocessing.context.BaseContext:
+    os.makedirs(multiprocessing.util.get_temp_dir(), mode=0o700, exist_ok=True)
+    logger.warning(
+        f"multiprocessing's fork server cannot be reached ({type(error).__name__}: {error}): its "
+        "socket in the temp dir was removed (a /tmp cleaner?). New env workers are spawned instead, "
+        "which takes longer per worker (NOTE [ A fork server gone ])."
+    )
+    return multiprocessing.get_context("spawn")
 
 
 def _send(worker: _Worker, data: bytes) -> None:

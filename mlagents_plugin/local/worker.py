@@ -124,8 +124,13 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, W
         args=(child_conn, spec),
         name=f"mlagents-plugin-env-worker-{spec.worker_id}",
     )
-    with _main_module_hidden(), signals.children_ignore_interrupts():  # NOTE [ Trainer signals ]
-        process.start()
+    try:
+        with _main_module_hidden(), signals.children_ignore_interrupts():  # NOTE [ Trainer signals ]
+            process.start()
+    except BaseException:
+        parent_conn.close()
+        child_conn.close()
+        raise
     child_conn.close()  # so that the worker's death is an EOF at the other end, too
     return process, parent_conn
 
