@@ -30,7 +30,8 @@ if __name__ in ("__main__", "__mp_main__"):
     import mlagents.trainers.learn  # noqa: F401
 
 WORKERS = (1, 4, 8, 16)
-ENVS = ("python", "build")
+ENVS = ("python", "torch", "build")  # torch: a Python env whose module imports torch (torch_env.py)
+QUICK_ENVS = ("python", "build")
 # (ours, upstream): Linux's defaults; and what macOS and Windows run (MLAGENTS_PLUGIN_PORTABLE=1)
 PAIRS = {"linux": ("ours", "upstream"), "spawn": ("ours portable", "upstream spawn")}
 STEPS_BEFORE_MEMORY = 50
@@ -57,6 +58,10 @@ def _child(which: str, env: str, n_env: int) -> Dict:
     with tempfile.TemporaryDirectory() as tmp:
         if env == "python":
             factory = make_factory(SimpleEnvironment, num_agents=4)
+        elif env == "torch":
+            import torch_env  # imported by the trainer first, as a test module or a script does
+
+            factory = torch_env.make_env
         else:
             build = make_build(tmp, "goal")
             base_port = free_port_block(2 * n_env + 4)
@@ -133,7 +138,7 @@ def run(quick: bool) -> List[Dict]:
     rows = []
     bare = _bare_mlagents_envs()
     for pair, (ours, upstream) in PAIRS.items():
-        for env in ENVS:
+        for env in QUICK_ENVS if quick else ENVS:
             for n_env in workers if pair == "linux" else (1,) if quick else workers[:3]:
                 runs: Dict[str, List[Dict]] = {ours: [], upstream: []}
                 for _ in range(repeats):  # alternating, so both see the same machine
@@ -182,6 +187,7 @@ def markdown(rows: List[Dict]) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_env
         print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     else:
         sys.exit(__doc__)

@@ -4,6 +4,7 @@ import inspect
 import os
 import subprocess
 import sys
+import textwrap
 import time
 
 import psutil
@@ -11,13 +12,12 @@ import pytest
 import yaml
 from helpers import REPO, free_port_block, learn_command, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
-from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException
 
 from mlagents_plugin.core.errors import BuildNotFoundError
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.player.build import make_build
-from mlagents_plugin.testing import SimpleEnvironment, UnexpectedExceptionEnvironment, make_factory
+from mlagents_plugin.testing import UnexpectedExceptionEnvironment, make_factory
 
 
 def slow_failing_factory(worker_id, side_channels):
@@ -111,20 +111,41 @@ def maps_torch(pid: int) -> bool:
         return "libtorch" in maps.read()
 
 
-@pytest.mark.timeout(60)
-def test_workers_do_not_load_torch_although_the_run_options_name_ppo(env_manager_factory):
+PPO_TRAINER = textwrap.dedent("""
+    import os
     from mlagents.plugins.trainer_type import register_trainer_plugins
-
-    register_trainer_plugins()
-    run_options = RunOptions()
-    run_options.behaviors["Simple"] = TrainerSettings(trainer_type="ppo")  # PPOSettings import torch
-    manager = SupervisedEnvManager(make_factory(SimpleEnvironment), run_options, 2)
-    try:
+    from mlagents.trainers.settings import RunOptions, TrainerSettings
+    from mlagents_plugin import SupervisedEnvManager
+    from mlagents_plugin.testing import SimpleEnvironment, make_factory
+    if __name__ == "__main__":
+        register_trainer_plugins()
+        run_options = RunOptions()
+        run_options.behaviors["Simple"] = TrainerSettings(trainer_type="ppo")  # PPOSettings import torch
+        manager = SupervisedEnvManager(make_factory(SimpleEnvironment), run_options, 2)
         manager.reset()
-        assert manager.worker_pids and not any(maps_torch(pid) for pid in manager.worker_pids.values())
-        assert maps_torch(os.getpid())  # the trainer does
-    finally:
+        print(os.getpid(), *manager.worker_pids.values(), flush=True)
+        input()  # until the test has looked
         manager.close()
+""")
+
+
+@pytest.mark.timeout(60)
+def test_workers_do_not_load_torch_although_the_run_options_name_ppo(tmp_path):
+    """In a trainer of its own: its fork server preloads only what this factory needs (a fork
+    server shared by earlier tests may hold torch for their env modules' sake)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(PPO_TRAINER)
+    trainer = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        trainer_pid, *workers = map(int, trainer.stdout.readline().split())
+        assert len(workers) == 2 and not any(maps_torch(pid) for pid in workers)
+        assert maps_torch(trainer_pid)  # the trainer does
+        trainer.communicate("\n", timeout=30)
+        assert trainer.returncode == 0
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +233,43 @@ def test_the_pytest_plugin_loads_without_ml_agents_trainers_or_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+SCRIPT_BESIDE_ITS_ENV = textwrap.dedent("""
+    import os, sys
+    from mlagents.trainers.settings import RunOptions
+    from mlagents_plugin import EnvManagerSettings, SupervisedEnvManager
+    import env_beside  # found through sys.path[0], this script's folder, as a user's own env module is
+    if __name__ == "__main__":
+        settings = EnvManagerSettings(start_method="forkserver")
+        manager = SupervisedEnvManager(env_beside.make_env, RunOptions(), 3, settings)
+        manager.reset({})
+        print(" ".join(map(str, manager.worker_pids.values())), flush=True)
+        manager.close()
+""")
+
+ENV_BESIDE = textwrap.dedent("""
+    import os
+    from mlagents_plugin.testing import SimpleEnvironment
+    open(os.path.join(os.path.dirname(__file__), f"imported-by-{os.getpid()}"), "w").close()
+    def make_env(worker_id, side_channels):
+        return SimpleEnvironment(worker_id, side_channels)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_fork_server_imports_an_env_module_found_on_the_trainers_sys_path_once(tmp_path):
+    """Python's fork server ignores the sys.path it is given (NOTE [ The fork server's sys.path ]):
+    an env module beside the user's script was imported again by every worker."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(SCRIPT_BESIDE_ITS_ENV)
+    (folder / "env_beside.py").write_text(ENV_BESIDE)
+    run = subprocess.run(
+        [sys.executable, str(folder / "train.py")], cwd=tmp_path, capture_output=True, text=True, timeout=100,
+    )
+    assert run.returncode == 0, run.stderr
+    workers = {int(pid) for pid in run.stdout.split()}
+    importers = {int(path.name.rpartition("-")[2]) for path in folder.glob("imported-by-*")}
+    assert len(workers) == 3 and not importers & workers, (importers, workers)
+    assert len(importers) == 2  # the trainer and the fork server, each once

@@ -11,7 +11,8 @@
 # model saved and nobody left to close the workers. Workers ignore SIGHUP as they ignore SIGINT.
 #
 # The handlers are installed only in ``mlagents-learn`` (by the plugin, from the main thread) and
-# only over Python's defaults, so a program that handles these signals itself keeps its handlers.
+# only over Python's defaults, so a program that handles these signals itself keeps its handlers,
+# and a signal ignored from the start stays ignored (``nohup mlagents-learn ...``: SIGHUP).
 #
 # A stop signal is held (``deferred``) while the manager starts a worker or hands one to the
 # shutdown ladder, and while the ladder takes a step: an interrupt in the middle would leave a
@@ -21,8 +22,7 @@
 # A KeyboardInterrupt can be lost: raised while a finalizer runs (a ``__del__``, a weakref
 # callback: shared memory that is let go of, a generator closed by the collector), Python prints
 # "Exception ignored in ..." and goes on, and training would go on after a Ctrl-C, a SIGTERM or
-# a hangup (seen once in CI: a group SIGHUP, the trainer stepping on for a minute). So the
-# manager asks ``raise_if_lost`` before each step and reset: a trainer that asks for more after a
+# a hangup. So the manager asks ``raise_if_lost`` before each step and reset: a trainer that asks for more after a
 # stop signal was raised did not get it, and it is raised again there. (ML-Agents closes the env
 # manager after an interrupt; it never steps it again.)
 #

@@ -33,10 +33,10 @@ from mlagents_plugin.core.protocol import (
     pack,
     unpack_response,
 )
-from mlagents_plugin.local import hardening, processes
+from mlagents_plugin.local import fork_server, hardening, processes
 from mlagents_plugin.local.readiness import WorkerConnection
 from mlagents_plugin.local.shutdown import Ladder
-from mlagents_plugin.local.worker import start_worker, worker_preload
+from mlagents_plugin.local.worker import start_worker
 
 logger = logging_util.get_logger(__name__)
 
@@ -57,10 +57,7 @@ class ProcessBackend(Backend):
         settings = setup.settings
         self._context = multiprocessing.get_context(settings.start_method)
         if settings.start_method == "forkserver":  # NOTE [ Worker start-up ]
-            self._context.set_forkserver_preload(
-                worker_preload() + factories.modules_to_load(setup.pickled_env_factory)
-            )
-            processes.short_socket_dir()
+            fork_server.set_preload(factories.modules_to_load(setup.pickled_env_factory))
         token = secrets.token_hex(4)
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None
@@ -84,6 +81,8 @@ class ProcessBackend(Backend):
             segment_prefix=self._segment_prefix(worker_id, incarnation),
         )
         try:
+            if self._context.get_start_method() == "forkserver":
+                fork_server.ensure_running()  # NOTE [ The fork server's sys.path ]
             process, conn = start_worker(self._context, spec)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             if self._context.get_start_method() != "forkserver":

@@ -7,18 +7,14 @@ recovered is, and the workers are always reaped. The decisions are the manager's
 and sentinels, and hands them to the shutdown ladder. docs/architecture.md has the picture and
 docs/faults.md what happens on each fault.
 """
-import multiprocessing
-import multiprocessing.forkserver
 from typing import List, Optional
 
 from mlagents.trainers.settings import RunOptions
 
-from mlagents_plugin.core import signals
 from mlagents_plugin.core.manager import EnvFactory, SupervisedManagerBase
 from mlagents_plugin.core.settings import EnvManagerSettings
-from mlagents_plugin.local import processes
+from mlagents_plugin.local import fork_server
 from mlagents_plugin.local.backend import ProcessBackend
-from mlagents_plugin.local.worker import worker_preload
 
 
 class SupervisedEnvManager(SupervisedManagerBase):
@@ -36,7 +32,5 @@ def start_fork_server(factory_modules: List[str]) -> None:
     """Start the fork server now, preloading ``factory_modules`` besides what every worker
     imports, so that it loads them while the trainer is still setting up (NOTE [ Worker
     start-up ]). Returns at once; a server that runs already is kept."""
-    multiprocessing.forkserver.set_forkserver_preload(worker_preload() + factory_modules)
-    processes.short_socket_dir()
-    with signals.children_ignore_interrupts():  # NOTE [ Trainer signals ]
-        multiprocessing.forkserver.ensure_running()
+    fork_server.set_preload(factory_modules)
+    fork_server.ensure_running()

@@ -152,7 +152,9 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, W
 #    and the modules the env factory is unpickled from (factories.modules_to_load: for a Unity
 #    build, mlagents-envs' UnityEnvironment with gRPC and protobuf), so each worker is a fork
 #    with all of it loaded, sharing those pages with its siblings. Under mlagents-learn the
-#    plugin starts the fork server as soon as it has read the YAML (plugin.py).
+#    plugin starts the fork server as soon as it has read the YAML (plugin.py). The server
+#    imports them on the trainer's sys.path, which Python does not give it by itself
+#    (NOTE [ The fork server's sys.path ] in fork_server.py).
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
     main = sys.modules["__main__"]
