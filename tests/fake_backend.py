@@ -187,9 +187,9 @@ class FakeBackend(Backend):
         self._schedule(worker.build())
         return Placement(spec.worker_id, worker.pid, "localhost")
 
-    def deliver(self, worker_ref: WorkerRef, data: bytes) -> None:
-        assert worker_ref.last_command is not None
-        self.deliveries.append((worker_ref.worker_id, worker_ref.last_command, self.clock.now))
+    def deliver(self, worker_ref: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
+        assert unpack_request(data).cmd is command
+        self.deliveries.append((worker_ref.worker_id, command, self.clock.now))
         worker = self.workers.get(worker_ref.worker_id)
         if worker is not None and worker.env is not None:
             self._schedule(worker.serve(data, self.clock.now))

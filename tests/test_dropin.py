@@ -273,3 +273,18 @@ def test_the_fork_server_imports_an_env_module_found_on_the_trainers_sys_path_on
     importers = {int(path.name.rpartition("-")[2]) for path in folder.glob("imported-by-*")}
     assert len(workers) == 3 and not importers & workers, (importers, workers)
     assert len(importers) == 2  # the trainer and the fork server, each once
+
+
+@pytest.mark.fast
+def test_the_fork_server_gets_the_sys_path_the_import_system_uses(monkeypatch, tmp_path):
+    """A pathlib.Path on sys.path (common) imports as its str; a bytes entry is skipped, as the
+    import system skips it."""
+    import json
+
+    from mlagents_plugin.local import fork_server
+
+    monkeypatch.setattr(sys, "path", [*sys.path, tmp_path, b"/bytes/entry"])
+    with fork_server._sys_path_passed():
+        passed = json.loads(os.environ[fork_server.TRAINER_ENV])
+    assert passed["sys_path"][-1] == str(tmp_path) and "/bytes/entry" not in passed["sys_path"]
+    assert fork_server.TRAINER_ENV not in os.environ

@@ -128,6 +128,17 @@ def test_an_error_never_costs_a_sibling_its_reply_from_the_same_wait(harness):
 # ----------------------------------------------------------------------------- deadlines
 
 
+def test_a_message_sent_while_a_step_is_outstanding_is_delivered_as_itself(harness):
+    """A backend is told the command it carries, not the one outstanding (the Ray backend counts
+    the replies an env owes by it: a parameter change mid-step was counted as a STEP)."""
+    h = harness(n_env=2)
+    h.manager.reset()
+    h.manager._queue_steps()
+    h.manager.set_env_parameters({})
+    assert [c for _, c, _ in h.backend.deliveries[-2:]] == [EnvironmentCommand.ENVIRONMENT_PARAMETERS] * 2
+    assert all(s.awaiting is EnvironmentCommand.STEP for s in h.manager._slots)
+
+
 @pytest.mark.parametrize("step_timeout_s", [0.5, 7.0, 70.0])
 def test_a_hung_step_is_declared_hung_exactly_at_step_timeout(harness, step_timeout_s):
     script = behave(w0=Behavior(step_s=0.25), w1=Behavior(fault=("hang", 3)))
@@ -570,3 +581,13 @@ def test_a_stop_signal_a_finalizer_swallowed_is_raised_at_the_next_step(harness,
             h.manager.get_steps()
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_an_interrupt_handled_before_the_manager_was_built_is_not_raised_again(harness, monkeypatch):
+    """An earlier run in the process (a notebook, ``run_cli`` in a loop) was interrupted: this
+    manager's steps are not."""
+    monkeypatch.setattr(signals, "_interrupts", 1)
+    monkeypatch.setattr(signals, "_raised", signal.SIGINT)
+    h = harness(n_env=2)
+    assert h.manager.reset() == 2  # one step per worker
+    assert {step.worker_id for step in h.manager.get_steps()} <= {0, 1}

@@ -86,9 +86,8 @@ class Backend(abc.ABC):
         known at once; else a ``Placed`` event says so later."""
 
     @abc.abstractmethod
-    def deliver(self, worker: WorkerRef, data: bytes) -> None:
-        """Send a packed request (``worker.last_command``) to the worker; never raise if it is
-        gone."""
+    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
+        """Send a packed request (``command``) to the worker; never raise if it is gone."""
 
     @abc.abstractmethod
     def wait(self, timeout: float) -> List[Event]:

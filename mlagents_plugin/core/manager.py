@@ -103,6 +103,7 @@ class SupervisedManagerBase(EnvManager):
         self._failures: List[BaseException] = []  # of the wait being handled: _pump raises the first
         self._health = HealthStats(n_env, clock)
         self._closed = False
+        self._interrupts_before = signals.interrupts()  # NOTE [ Trainer signals ]: a lost one is raised again
         self._backend = backend(
             BackendSetup(self.settings, n_env, self._pickled_factory, clock)
         )
@@ -117,7 +118,7 @@ class SupervisedManagerBase(EnvManager):
     # ----------------------------------------------------------------- EnvManager interface
 
     def _step(self) -> List[EnvironmentStep]:
-        signals.raise_if_lost()
+        signals.raise_if_lost(self._interrupts_before)
         if not self._completed:  # else: steps of a wait that raised, returned first
             self._queue_steps()
         while not self._completed:  # one wait returns every worker that is ready by then
@@ -126,7 +127,7 @@ class SupervisedManagerBase(EnvManager):
         return self._with_health_stats(steps)
 
     def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
-        signals.raise_if_lost()
+        signals.raise_if_lost(self._interrupts_before)
         # Steps in flight belong to the episodes being reset: let them land, then drop them.
         self._pump_until(lambda: all(s.awaiting is not EnvironmentCommand.STEP for s in self._slots))
         self._completed.clear()
@@ -360,7 +361,7 @@ class SupervisedManagerBase(EnvManager):
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.sent(cmd)
         data = pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload))
-        self._backend.deliver(_ref(slot), data)
+        self._backend.deliver(_ref(slot), cmd, data)
 
     def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         """Send a request that has a reply (STEP, RESET), and start its clock."""

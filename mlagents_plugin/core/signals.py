@@ -72,10 +72,16 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
 
 
-def raise_if_lost() -> None:
+def interrupts() -> int:
+    """How many stop signals this process has received so far."""
+    return _interrupts
+
+
+def raise_if_lost(since: int) -> None:
     """Raise again a stop signal's KeyboardInterrupt that a finalizer swallowed (NOTE [ Trainer
-    signals ]): called where the trainer asks for more steps."""
-    if _raised is not None and threading.current_thread() is threading.main_thread():
+    signals ]): called where the trainer asks for more steps; ``since``: the count of ``interrupts``
+    when the manager was built (one handled before, by an earlier run in the process, is not lost)."""
+    if _interrupts > since and _raised is not None and threading.current_thread() is threading.main_thread():
         raise KeyboardInterrupt(f"{signal.Signals(_raised).name} received (raised again: it was lost)")
 
 

@@ -6,6 +6,7 @@ shutdown ladder (shutdown.py). SupervisedEnvManager (supervisor.py) runs it in t
 each Ray actor runs one on its node (ray/actor.py). It imports neither torch nor ML-Agents'
 trainers: an actor that loads it stays light.
 """
+import glob
 import multiprocessing
 import multiprocessing.util
 import os
@@ -85,7 +86,7 @@ class ProcessBackend(Backend):
                 fork_server.ensure_running()  # NOTE [ The fork server's sys.path ]
             process, conn = start_worker(self._context, spec)
         except (FileNotFoundError, ConnectionRefusedError) as e:
-            if self._context.get_start_method() != "forkserver":
+            if self._context.get_start_method() != "forkserver" or _fork_server_socket_exists():
                 raise
             self._context = _without_fork_server(e)
             process, conn = start_worker(self._context, spec)
@@ -132,10 +133,10 @@ class ProcessBackend(Backend):
         worker = self._workers.get(ref.worker_id)
         return worker if worker is not None and worker.incarnation == ref.incarnation else None
 
-    def deliver(self, worker: WorkerRef, data: bytes) -> None:
+    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
         current = self._current(worker)
         if current is not None:
-            current.last_command = worker.last_command
+            current.last_command = command
             _send(current, data)
 
     def release(self, worker: WorkerRef, reason: Reason) -> None:
@@ -287,7 +288,6 @@ class ProcessBackend(Backend):
             events.append(Death(worker_id, worker.incarnation, error))
         return events
 
-
     def _bus_error_hint(self, exitcode: Optional[int]) -> str:
         """A worker killed by SIGBUS that writes into /dev/shm most likely found it full."""
         if sys.platform != "linux" or self._segments is None or exitcode != -signal.SIGBUS:
@@ -306,6 +306,11 @@ class ProcessBackend(Backend):
 # still runs and still reports its workers' exits, so it is kept; new workers are spawned
 # instead (a slower start, as on macOS and Windows), and a warning says why. The temp dir is made
 # again, for multiprocessing to remove at exit (it would print a traceback for a missing one).
+def _fork_server_socket_exists() -> bool:
+    """Whether multiprocessing's temp dir still holds a listening socket (``listener-*``)."""
+    return bool(glob.glob(os.path.join(multiprocessing.util.get_temp_dir(), "listener-*")))
+
+
 def _without_fork_server(error: OSError) -> multiprocessing.context.BaseContext:
     os.makedirs(multiprocessing.util.get_temp_dir(), mode=0o700, exist_ok=True)
     logger.warning(
@@ -325,7 +330,6 @@ def _send(worker: _Worker, data: bytes) -> None:
             pass
 
 
-SENTINEL_WAIT_S = 1.0  # what join waits for the sentinel, which has fired already
 def _drain(sock: socket.socket) -> None:
     try:
         while sock.recv(4096):
@@ -334,4 +338,5 @@ def _drain(sock: socket.socket) -> None:
         pass
 
 
+SENTINEL_WAIT_S = 1.0  # what join waits for the sentinel, which has fired already
 _SENTINEL, _PIPE, _WAKE = "sentinel", "pipe", "wake"  # what woke the trainer, in Readiness data

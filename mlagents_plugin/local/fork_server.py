@@ -7,7 +7,7 @@ import json
 import multiprocessing.forkserver
 import os
 import sys
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 # NOTE [ The fork server's sys.path ]
 # multiprocessing hands the fork server the trainer's sys.path and then, in every Python from
@@ -51,20 +51,32 @@ def set_preload(factory_modules: List[str]) -> None:
     multiprocessing.forkserver.set_forkserver_preload([__name__] + worker_preload())
 
 
+_started_by: Optional[int] = None  # the pid of the process that started the fork server here
+
+
 def ensure_running() -> None:
-    """Start the fork server if it does not run (cheap if it does): on the trainer's sys.path,
-    with a socket path that fits, and with SIGINT and SIGHUP ignored (NOTE [ Trainer signals ])."""
+    """Start the fork server once per process: on the trainer's sys.path, with a socket path
+    that fits, and with SIGINT and SIGHUP ignored (NOTE [ Trainer signals ]). Once it runs,
+    this does nothing (the environment is not touched while other threads may read it); a
+    server that died is started again by multiprocessing itself, with the next worker."""
+    global _started_by
+    if _started_by == os.getpid():
+        return
     from mlagents_plugin.core import signals
     from mlagents_plugin.local import processes
 
     processes.short_socket_dir()
     with _sys_path_passed(), signals.children_ignore_interrupts():
         multiprocessing.forkserver.ensure_running()
+    _started_by = os.getpid()
 
 
 @contextlib.contextmanager
 def _sys_path_passed() -> Iterator[None]:
-    os.environ[TRAINER_ENV] = json.dumps({"sys_path": sys.path, "modules": _factory_modules})
+    # what the import system uses: str and os.PathLike entries (it skips others, as bytes)
+    entries = (os.fspath(p) for p in sys.path if isinstance(p, (str, os.PathLike)))
+    sys_path = [entry for entry in entries if isinstance(entry, str)]
+    os.environ[TRAINER_ENV] = json.dumps({"sys_path": sys_path, "modules": _factory_modules})
     try:
         yield
     finally:

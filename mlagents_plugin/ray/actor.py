@@ -38,8 +38,8 @@ logger = logging_util.get_logger(__name__)
 # until the ladder's next deadline; with nothing departing it sleeps on a condition until a call
 # ends (a call is what adds a departure). The backend has one user at a time: a call that
 # arrives while the housekeeper waits cuts that wait short through the backend's waker (a
-# socket pair in the same wait, as CPython's process pool wakes its manager thread), takes the
-# turn, and hands it back with a notify when it returns.
+# socket pair in the same wait; CPython's process pool wakes its manager thread the same way,
+# with a pipe), takes the turn, and hands it back with a notify when it returns.
 # NOTE [ Ray actors host worker processes ]
 # A Ray actor could run an env in its own process, as RLlib's env runners do. It would then lose
 # what the subprocess backend guarantees: a Unity build is started in its own session, and when
@@ -247,7 +247,7 @@ class EnvHostActor:
         if ref is None:
             return False
         self._envs[item.worker_id] = ref = ref._replace(last_command=item.command)
-        self._backend.deliver(ref, item.data)
+        self._backend.deliver(ref, item.command, item.data)
         return item.command in WITH_REPLY
 
     def _release(self, item: Release) -> None:

@@ -167,13 +167,11 @@ class RayBackend(Backend):
         host.envs[spec.worker_id] = _Env(WorkerRef(spec.worker_id, spec.incarnation, label, None))
         host.outbox.append(Launch(spec))
 
-    def deliver(self, worker: WorkerRef, data: bytes) -> None:
+    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
         host = self._host(worker.worker_id)
         env = host.current(worker.worker_id, worker.incarnation)
         if env is None:
             return
-        command = worker.last_command
-        assert command is not None  # it is the command delivered
         host.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
         host.outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
 
