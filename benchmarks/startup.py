@@ -134,7 +134,7 @@ def measure(which: str, env: str, n_env: int) -> Dict:
 
 def run(quick: bool) -> List[Dict]:
     repeats = 1 if quick else 3
-    workers = (1, 4) if quick else WORKERS
+    workers = (4,) if quick else WORKERS
     rows = []
     bare = _bare_mlagents_envs()
     for pair, (ours, upstream) in PAIRS.items():
