@@ -101,9 +101,11 @@ def test_healthy_workers_keep_stepping_while_one_restarts(run_options, env_manag
     ],
 )
 def test_death_is_explained(run_options, env_manager_factory, how, expected):
+    """Noticed by the sentinel (step_timeout_s is far beyond the test's timeout), named, and
+    raised once the quota (here none) is spent."""
     run_options.env_settings.max_lifetime_restarts = 0
     kwargs = {"sigsegv": dict(signal_number=signal.SIGSEGV), "exit": dict(exit_code=3)}.get(how, {})
-    factory = make_factory(HardExitEnvironment, after_steps=10**9 if how == "sigkill" else 3, **kwargs)
+    factory = make_factory(HardExitEnvironment, after_steps=10**9 if how == "sigkill" else 3, only_worker=1, **kwargs)
     manager = env_manager_factory(factory, 2, step_timeout_s=600)
     manager.reset()
     pid = manager.worker_pids[1]
@@ -111,8 +113,8 @@ def test_death_is_explained(run_options, env_manager_factory, how, expected):
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerDiedError) as info:
         step_until(manager, lambda: False)
-    assert expected in str(info.value)
-    assert "env worker" in str(info.value) and "(pid " in str(info.value)
+    assert f"env worker 1 (pid {pid}) {expected}" in str(info.value)
+    assert info.value.exitcode == {"sigkill": -signal.SIGKILL, "sigsegv": -signal.SIGSEGV, "exit": 3}[how]
     assert any("no restarts left" in note for note in info.value.__notes__)
 
 
