@@ -52,3 +52,19 @@ def test_no_backend_imports_the_manager():
 
 def _base_name(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def test_a_ray_host_is_written_only_by_its_own_methods():
+    """NOTE [ Hosts ]: RayBackend asks a _Host to change; it never sets a host's fields itself."""
+    tree = ast.parse((PACKAGE / "ray" / "backend.py").read_text())
+    backend = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RayBackend")
+    written = []
+    for node in ast.walk(backend):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in [t for each in targets for t in (each.elts if isinstance(each, ast.Tuple) else [each])]:
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "host":
+                written.append(f"host.{target.attr} (line {target.lineno})")
+    assert written == []

@@ -74,27 +74,150 @@ class _Env(NamedTuple):
 
 
 class _Host:
-    """One actor and the envs it hosts, as the trainer sees them."""
+    """One actor and the envs it hosts, as the trainer sees them (NOTE [ Hosts ]). Its fields
+    change only through its own methods; RayBackend decides when to call them."""
 
     def __init__(self, index: int):
         self.index = index
         self.actor: Any = None
-        self.sent_at = 0.0  # when the exchange in flight was sent
         self.answered = False  # has the actor answered any call (it is placed)?
         self.envs: Dict[int, _Env] = {}  # by worker id: the live incarnations on this actor
-        self.outbox: List[Item] = []
+        self.departing: Set[int] = set()  # worker ids whose processes are on their way out
         self.call: Any = None  # the exchange in flight
-        self.exchanges = 0  # exchanges sent so far; the one in flight is number exchanges - 1
-        self.departing: Set[int] = set()
-        self.unreported: Dict[int, int] = {}  # worker id -> first exchange that reports its release
-        self.deaths: List[Event] = []  # to report at the next wait (an actor killed here)
-        self.applying: List[Any] = []  # calls that return nothing, read so Ray does not report
+        self.sent_at = 0.0  # when it was sent
+        self._exchanges = 0  # exchanges sent so far; the one in flight is number _exchanges - 1
+        self._outbox: List[Item] = []
+        self._unreported: Dict[int, int] = {}  # worker id -> first exchange that reports its release
+        self._deaths: List[Event] = []  # to report at the next wait (an actor killed here)
+        self._applying: List[Any] = []  # calls that return nothing, read so Ray does not report
         # their errors as unhandled (a dead actor is reported by the exchange calls)
 
-    def read_applied(self, timeout: float = 0.0) -> None:
-        if not self.applying:
+    def current(self, worker_id: int, incarnation: int) -> Optional[_Env]:
+        env = self.envs.get(worker_id)
+        return env if env is not None and env.ref.incarnation == incarnation else None
+
+    # ----------------------------------------------------------------- what the trainer asks
+
+    def launch(self, spec: WorkerSpec, new_actor: Callable[[], Any]) -> None:
+        if self.actor is None:
+            self.actor, self.answered = new_actor(), False
+        label = worker_label(spec.worker_id, None)
+        self.envs[spec.worker_id] = _Env(WorkerRef(spec.worker_id, spec.incarnation, label, None))
+        self._outbox.append(Launch(spec))
+
+    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
+        env = self.current(worker.worker_id, worker.incarnation)
+        if env is not None:
+            self.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
+            self._outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
+
+    def forget(self, worker_id: int) -> None:
+        """The env is released where its actor cannot take it down (the actor is killed next)."""
+        del self.envs[worker_id]
+
+    def release(self, worker: WorkerRef, reason: Reason) -> None:
+        """Sent now, not at the next wait: a hung worker and its player go down even if the
+        trainer does not call again for a while. Ray runs it after the calls sent before it."""
+        del self.envs[worker.worker_id]
+        release = Release(worker.worker_id, worker.incarnation, reason, worker.last_command)
+        items, self._outbox = self._outbox + [release], []
+        self._applying.append(self.actor.apply.remote(items))
+        self.departing.add(worker.worker_id)
+        self._unreported[worker.worker_id] = self._exchanges
+
+    def call_if_due(self, now: float) -> None:
+        """One exchange in flight at a time: what it has to send (waiting up to CALL_WAIT_S for
+        the replies), or a poll while it owes replies or has envs on their way out."""
+        if self.actor is None or self.call is not None:
             return
-        done, self.applying = ray.wait(self.applying, num_returns=len(self.applying), timeout=timeout)
+        if self._outbox:
+            self._send(self._outbox, CALL_WAIT_S, now)
+            self._outbox = []
+        elif self.departing or any(env.owed for env in self.envs.values()):
+            self._send([], POLL_WAIT_S, now)
+
+    def _send(self, items: List[Item], wait_s: float, now: float) -> None:
+        self.call = self.actor.exchange.remote(items, wait_s)
+        self.sent_at = now
+        self._exchanges += 1
+
+    def close_call(self, interrupted: bool) -> Any:
+        """Ask the actor to close (after what it still has to apply); returns the call."""
+        self._drop_calls()
+        if self._outbox:
+            self._applying.append(self.actor.apply.remote(self._outbox))
+            self._outbox = []
+        return self.actor.close.remote(interrupted)
+
+    # --------------------------------------------------------------------- what it answers
+
+    def take_call(self) -> Any:
+        """The exchange in flight, which has answered (or failed)."""
+        call, self.call = self.call, None
+        return call
+
+    def received(self, report: HostReport, exchange: Optional[int]) -> List[Event]:
+        """What an answer says: where envs run, their replies and deaths, which are still
+        departing; ``exchange``: the number of the exchange that reported (None: the close)."""
+        self.answered = True
+        events: List[Event] = []
+        node_id, address, actor_pid = report.where
+        for (worker_id, incarnation), pid in report.pids.items():
+            env = self.current(worker_id, incarnation)
+            if env is not None:
+                placement = Placement(worker_id, pid, address, node_id, actor_pid)
+                ref = env.ref._replace(label=worker_label(worker_id, pid, placement))
+                self.envs[worker_id] = env._replace(ref=ref, pid=pid)
+                events.append(Placed(worker_id, incarnation, placement))
+        self._unreported = {
+            w: first for w, first in self._unreported.items() if exchange is not None and exchange < first
+        }
+        self.departing = set(report.departing) | set(self._unreported)
+        for event in report.events:
+            env = self.current(event.worker_id, event.incarnation)
+            if env is None:
+                continue  # from an incarnation released meanwhile
+            owed = env.owed - 1 if event.response is not None and event.response.cmd in ANSWERS else 0
+            self.envs[event.worker_id] = env._replace(owed=max(0, owed))  # else it is ending
+            if event.response is not None:
+                events.append(Reply(event.worker_id, event.incarnation, event.response))
+            else:
+                assert event.error is not None
+                events.append(Death(event.worker_id, event.incarnation, event.error))
+        return events
+
+    @property
+    def last_exchange(self) -> int:
+        return self._exchanges - 1
+
+    def lose(self, message: Callable[[_Env], str]) -> List[int]:
+        """Let go of the actor (killed, which does nothing to one that is dead already): each
+        live env dies with ``message`` (reported at the next wait). Returns every worker id it
+        had, live or departing."""
+        if self.actor is not None:
+            ray.kill(self.actor, no_restart=True)
+        self._deaths += [
+            Death(w, env.ref.incarnation, WorkerDiedError(message(env), w, env.pid)) for w, env in self.envs.items()
+        ]
+        had = [*self.envs, *self.departing]
+        self._drop_calls()
+        self.actor, self.envs, self._outbox, self.departing, self._unreported = None, {}, [], set(), {}
+        return had
+
+    def closed(self) -> None:
+        """The actor closed: its workers are reaped; free its resources."""
+        self.read_applied(timeout=1.0)  # Ray ran them before the close
+        ray.kill(self.actor, no_restart=True)
+        self.actor = None
+
+    def take_deaths(self) -> List[Event]:
+        deaths, self._deaths = self._deaths, []
+        return deaths
+
+    def read_applied(self, timeout: float = 0.0) -> None:
+        if not self._applying:
+            return
+        done, self._applying = ray.wait(self._applying, num_returns=len(self._applying), timeout=timeout)
         for ref in done:
             try:
                 ray.get(ref)
@@ -103,23 +226,11 @@ class _Host:
             except RayError as e:
                 logger.warning(f"A call to the Ray actor of env workers {sorted(self.envs)} failed: {_first_line(e)}")
 
-    def send(self, items: List[Item], wait_s: float, now: float) -> None:
-        self.call = self.actor.exchange.remote(items, wait_s)
-        self.sent_at = now
-        self.exchanges += 1
-
-    def drop_calls(self) -> None:
+    def _drop_calls(self) -> None:
         """Forget the actor's calls; what they fail with is read later (see ``read_applied``)."""
         if self.call is not None:
-            self.applying.append(self.call)
+            self._applying.append(self.call)
         self.call = None
-
-    def current(self, worker_id: int, incarnation: int) -> Optional[_Env]:
-        env = self.envs.get(worker_id)
-        return env if env is not None and env.ref.incarnation == incarnation else None
-
-    def owes_replies(self) -> bool:
-        return any(env.owed for env in self.envs.values())
 
 
 class RayBackend(Backend):
@@ -159,21 +270,12 @@ class RayBackend(Backend):
         return self._hosts[worker_id // self._k]
 
     def launch(self, spec: WorkerSpec) -> None:  # placed when its actor reports
-        host = self._host(spec.worker_id)
-        if host.actor is None:
-            host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
-            host.answered = False
-        label = worker_label(spec.worker_id, None)
-        host.envs[spec.worker_id] = _Env(WorkerRef(spec.worker_id, spec.incarnation, label, None))
-        host.outbox.append(Launch(spec))
+        self._host(spec.worker_id).launch(
+            spec, lambda: self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
+        )
 
     def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
-        host = self._host(worker.worker_id)
-        env = host.current(worker.worker_id, worker.incarnation)
-        if env is None:
-            return
-        host.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
-        host.outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
+        self._host(worker.worker_id).deliver(worker, command, data)
 
     def release(self, worker: WorkerRef, reason: Reason) -> None:
         """The worker goes down through its actor's shutdown ladder. An actor that never
@@ -182,44 +284,29 @@ class RayBackend(Backend):
         host = self._host(worker.worker_id)
         if host.current(worker.worker_id, worker.incarnation) is None:
             return
-        del host.envs[worker.worker_id]
         if not host.answered:
             logger.info(f"{worker.label}: its Ray actor has not started; killing it.")
+            host.forget(worker.worker_id)
             self._outcomes[worker.worker_id] = "was killed with its Ray actor"
             self._kill_host(host, f"its Ray actor was killed before it started, with {worker.label}")
             return
-        last_command = worker.last_command
         if reason is Reason.HUNG:  # the actor's ladder reports it too, in the actor's log
-            why = f"did not answer {command_name(last_command)}"
-            logger.warning(zombie_report(worker.label, why, last_command, "its Ray actor is killing it"))
-        # Sent now, not at the next wait: a hung worker and its player go down even if the
-        # trainer does not call again for a while. Ray runs it after the calls sent before it.
-        release = Release(worker.worker_id, worker.incarnation, reason, last_command)
-        items, host.outbox = host.outbox + [release], []
-        host.applying.append(host.actor.apply.remote(items))
-        host.departing.add(worker.worker_id)
-        host.unreported[worker.worker_id] = host.exchanges
+            why = f"did not answer {command_name(worker.last_command)}"
+            logger.warning(zombie_report(worker.label, why, worker.last_command, "its Ray actor is killing it"))
+        host.release(worker, reason)
 
     def departing(self, worker_id: int) -> bool:
         return worker_id in self._host(worker_id).departing
 
     def _kill_host(self, host: _Host, why: str) -> None:
         """Kill the host's actor; its live envs die (reported at the next wait)."""
-        host.deaths += self._lose_host(host, lambda env: f"{env.ref.label}: {why}.", "was killed with its Ray actor")
+        self._lose_host(host, lambda env: f"{env.ref.label}: {why}.", "was killed with its Ray actor")
 
-    def _lose_host(self, host: _Host, message: Callable[[_Env], str], outcome: str) -> List[Event]:
+    def _lose_host(self, host: _Host, message: Callable[[_Env], str], outcome: str) -> None:
         """The one place where a host's actor is let go of, by us (killed) or by Ray (it died,
         a call failed): its live envs die, its departing ones ended with ``outcome``."""
-        if host.actor is not None:
-            ray.kill(host.actor, no_restart=True)  # nothing if it is dead already
-        deaths: List[Event] = [
-            Death(w, env.ref.incarnation, WorkerDiedError(message(env), w, env.pid)) for w, env in host.envs.items()
-        ]
-        for worker_id in [*host.envs, *host.departing]:
+        for worker_id in host.lose(message):
             self._outcomes[worker_id] = outcome
-        host.drop_calls()
-        host.actor, host.envs, host.outbox, host.departing, host.unreported = None, {}, [], set(), {}
-        return deaths
 
     def close(self, interrupted: bool) -> List[WorkerTimers]:
         """Every actor takes its workers down with its own ladder, bounded by shutdown_timeout_s
@@ -240,10 +327,7 @@ class RayBackend(Backend):
                 if not host.answered or interrupted:
                     self._kill_host(host, "closed")
                     continue
-                host.drop_calls()
-                if host.outbox:
-                    host.applying.append(host.actor.apply.remote(host.outbox))
-                closing[host.actor.close.remote(interrupted)] = host
+                closing[host.close_call(interrupted)] = host
             # The actor's close: its ladder (shutdown_timeout_s + kill_grace_s + a moment), then
             # what its workers left (up to 2 x kill_grace_s); after an exchange in flight.
             kill_grace_s = self._settings.kill_grace_s
@@ -267,15 +351,11 @@ class RayBackend(Backend):
 
     def _finish(self, host: _Host, ref: Any) -> None:
         try:
-            report: HostReport = ray.get(ref)
-            self._absorb(host, report)
-            self._outcomes.update(report.outcomes)
+            self._absorb(host, ray.get(ref), None)
         except RayError as e:
             for worker_id in host.departing:
                 self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
-        host.read_applied(timeout=1.0)  # Ray ran them before the close
-        ray.kill(host.actor, no_restart=True)  # its workers are reaped: free its resources
-        host.actor = None
+        host.closed()
 
     def outcome(self, worker_id: int) -> str:
         return self._outcomes.get(worker_id, "was not running")
@@ -294,16 +374,9 @@ class RayBackend(Backend):
         events: List[Event] = list(self._timers)
         self._timers = []
         for host in self._hosts:
-            events += host.deaths
-            host.deaths = []
+            events += host.take_deaths()
             host.read_applied()
-            if host.actor is None or host.call is not None:
-                continue
-            if host.outbox:
-                host.send(host.outbox, CALL_WAIT_S, self._clock())
-                host.outbox = []
-            elif host.departing or host.owes_replies():
-                host.send([], POLL_WAIT_S, self._clock())
+            host.call_if_due(self._clock())
         if events:
             return events
         calls = {host.call: host for host in self._hosts if host.call is not None}
@@ -314,17 +387,16 @@ class RayBackend(Backend):
         if ready and rest:
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         for ref in ready:
-            events += self._receive(calls[ref], ref)
+            events += self._receive(calls[ref])
         return events
 
-    def _receive(self, host: _Host, ref: Any) -> List[Event]:
-        host.call = None
+    def _receive(self, host: _Host) -> List[Event]:
         try:
-            report: HostReport = ray.get(ref)
+            report: HostReport = ray.get(host.take_call())
         except RayError as e:
             what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
             ray_says = _first_line(e)
-            return self._lose_host(
+            self._lose_host(
                 host,
                 lambda env: (
                     f"{env.ref.label}: its Ray actor {what} (last command: {command_name(env.ref.last_command)}); "
@@ -332,20 +404,8 @@ class RayBackend(Backend):
                 ),
                 f"was lost with its actor ({ray_says})",
             )
-        host.answered = True
-        events = self._absorb(host, report, host.exchanges - 1)
-        for event in report.events:
-            env = host.current(event.worker_id, event.incarnation)
-            if env is None:
-                continue  # from an incarnation released meanwhile
-            owed = env.owed - 1 if event.response is not None and event.response.cmd in ANSWERS else 0
-            host.envs[event.worker_id] = env._replace(owed=max(0, owed))  # else it is ending
-            if event.response is not None:
-                events.append(Reply(event.worker_id, event.incarnation, event.response))
-            else:
-                assert event.error is not None
-                events.append(Death(event.worker_id, event.incarnation, event.error))
-        return events
+            return host.take_deaths()
+        return self._absorb(host, report, host.last_exchange)
 
     def next_deadline(self) -> Optional[float]:
         """When the oldest call of an actor that answered before becomes overdue."""
@@ -361,25 +421,11 @@ class RayBackend(Backend):
                 logger.error(f"Ray actor of env workers {sorted(host.envs)}: {why}.")
                 self._kill_host(host, why)
 
-    def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int] = None) -> List[Event]:
-        """Where the host's workers run, which are still departing, and their timers;
-        ``exchange``: the number of the exchange that reported (None: the actor's close)."""
-        placed: List[Event] = []
-        node_id, address, actor_pid = report.where
-        for (worker_id, incarnation), pid in report.pids.items():
-            env = host.current(worker_id, incarnation)
-            if env is not None:
-                placement = Placement(worker_id, pid, address, node_id, actor_pid)
-                ref = env.ref._replace(label=worker_label(worker_id, pid, placement))
-                host.envs[worker_id] = env._replace(ref=ref, pid=pid)
-                placed.append(Placed(worker_id, incarnation, placement))
-        host.unreported = {
-            w: first for w, first in host.unreported.items() if exchange is not None and exchange < first
-        }
-        host.departing = set(report.departing) | set(host.unreported)
+    def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int]) -> List[Event]:
+        """A host's answer: its events, and the outcomes and timers of its closed workers."""
         self._outcomes.update(report.outcomes)
         self._timers += [WorkerTimers(root) for root in report.timers]
-        return placed
+        return host.received(report, exchange)
 
 
 def _first_line(exc: BaseException) -> str:
