@@ -79,7 +79,7 @@ def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s:
             return
         if time.monotonic() > deadline:
             break
-    pytest.fail(f"never saw {text!r}:\n{''.join(output[-40:])}")
+    pytest.fail(f"never saw {text!r}:\n{''.join(output)[-6000:]}")
 
 
 def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:

@@ -591,3 +591,26 @@ def test_an_interrupt_handled_before_the_manager_was_built_is_not_raised_again(h
     h = harness(n_env=2)
     assert h.manager.reset() == 2  # one step per worker
     assert {step.worker_id for step in h.manager.get_steps()} <= {0, 1}
+
+
+def test_a_taken_editor_port_is_not_moved_and_says_why():
+    """mlagents-learn without --env waits for the Editor on its one port: a worker moved to
+    another worker id would fail with mlagents-envs' "the worker-id must be 0"."""
+    from mlagents.trainers.learn import create_environment_factory
+
+    taken = lambda worker_id, incarnation: Behavior(fault=("port", 0))
+    backend = []
+    editor = create_environment_factory(None, True, True, 0, 1, 60, 5005, [], None)
+    clock = FakeClock()
+    manager = SupervisedManagerBase(
+        editor, RunOptions(), 1, EnvManagerSettings(),
+        lambda setup: backend.append(FakeBackend(setup, taken)) or backend[-1], clock, clock,
+    )
+    try:
+        with pytest.raises(RemoteWorkerError) as info:
+            manager.reset()
+    finally:
+        manager.close()
+    assert info.value.type_name.endswith("UnityWorkerInUseException")
+    assert [e for _, _, e, _ in backend[0].launches] == [0]  # never moved
+    assert any("waits for the Unity Editor on port 5004" in note for note in info.value.__notes__)

@@ -4,6 +4,7 @@ only ] in integration/rpc_server.py). Nothing here connects anywhere: sockets ar
 import ipaddress
 import os
 import signal
+import socket
 
 import pytest
 from helpers import (
@@ -83,6 +84,31 @@ def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen,
     assert {listener.ip for listener in found} == expected, found
     assert {listener.pid for listener in found} != {trainer.pid}, found  # the worker's, not the trainer's
     assert len({listener.pid for listener in found}) == 1, found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
+def test_a_second_run_waiting_for_the_editor_says_who_holds_its_port(tmp_path):
+    """The Editor has one port: the worker is not moved to another (the Editor would never come),
+    and the run stops naming the process that holds it."""
+    def edit(config):
+        config["behaviors"]["Goal"]["max_steps"] = 1000
+
+    with socket.socket() as holder:  # the first run, as far as the port is concerned
+        holder.bind(("127.0.0.1", EDITOR_PORT))
+        holder.listen()
+        trainer = start_learn(tmp_path, learn_command(write_config(tmp_path, "goal_player.yaml", edit)))
+        output: list = []
+        try:
+            finish(trainer, output, timeout_s=90)
+        finally:
+            if trainer.poll() is None:
+                os.killpg(trainer.pid, signal.SIGKILL)
+    text = "".join(output)
+    assert trainer.returncode != 0
+    said = f"mlagents-learn waits for the Unity Editor on port {EDITOR_PORT}, which pid {os.getpid()}"
+    assert said in text, text[-3000:]
+    assert "worker-id must be 0" not in text
 
 
 @pytest.mark.timeout(60)

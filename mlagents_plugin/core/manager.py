@@ -15,6 +15,7 @@ from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
 from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv, BehaviorName, BehaviorSpec
+from mlagents_envs.environment import UnityEnvironment
 from mlagents_envs.exception import UnityWorkerInUseException
 from mlagents_envs.side_channel.side_channel import SideChannel
 from mlagents_envs.timers import hierarchical_timer, timed
@@ -99,6 +100,11 @@ class SupervisedManagerBase(EnvManager):
         )
         self._slots = [Slot(i) for i in range(n_env)]
         self._spare_env_worker_id = n_env
+        # mlagents-learn without --env: ML-Agents' factory connects to the Editor's fixed port
+        self._waits_for_the_editor = (
+            run_options.env_settings.env_path is None
+            and getattr(env_factory, "__module__", None) == "mlagents.trainers.learn"
+        )
         self._completed: List[EnvironmentStep] = []
         self._failures: List[BaseException] = []  # of the wait being handled: _pump raises the first
         self._health = HealthStats(n_env, clock)
@@ -504,7 +510,9 @@ class SupervisedManagerBase(EnvManager):
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
         self._backend.release(_ref(slot), reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
-        if _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
+        if _is_port_in_use(exc) and self._waits_for_the_editor:
+            add_note(exc, self._editor_port_taken())
+        elif _is_port_in_use(exc) and self._health.workers[worker_id].port_moves < MAX_PORT_MOVES:
             self._move_to_another_port(slot)
             return
         cause = self._restarts.classify(exc)
@@ -523,6 +531,16 @@ class SupervisedManagerBase(EnvManager):
         slot.fail()
         logger.error(f"Env worker {worker_id} failed: {type(exc).__name__}: {exc}")
         self._failures.append(exc)  # raised once the wait is handled whole
+
+    def _editor_port_taken(self) -> str:
+        """The Editor connects to one fixed port: moving elsewhere cannot help."""
+        port = UnityEnvironment.DEFAULT_EDITOR_PORT
+        holder = self._backend.port_holder(port)
+        return (
+            f"mlagents-learn waits for the Unity Editor on port {port}, which "
+            f"{holder or 'another process'} holds: only one run at a time can wait for the Editor. "
+            "Stop the other run, or train a build with --env."
+        )
 
     def _move_to_another_port(self, slot: Slot) -> None:
         """Restart the worker at once with a worker id nobody uses: a Unity build's port is
