@@ -1,7 +1,9 @@
 """Shared test plumbing: every test must leave no process, and no shared memory, behind; the
 Ray tests share one loopback Ray cluster, watched by netguard where it exists."""
+import fcntl
 import importlib.util
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, List
@@ -172,9 +174,24 @@ def _assert_empty(netguard_log: Path) -> None:
         assert not blocked, f"netguard blocked non-loopback connects:\n{blocked[:3000]}"
 
 
+EDITOR_PORT = 5004  # where mlagents-learn waits for the Unity Editor, whatever --base-port says
+_EDITOR_PORT_LOCK = Path(tempfile.gettempdir()) / "mlagents-plugin-tests-editor-port.lock"
+
+
+@pytest.fixture
+def editor_port() -> Iterator[int]:
+    """The Editor's one port, for one test at a time: across xdist workers (pytest-xdist 3.8's
+    loadgroup does not group tests under pytest 9, so xdist_group alone let two such tests meet
+    on 5004 in CI) and across test sessions on the machine."""
+    with open(_EDITOR_PORT_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others hold it for seconds; pytest-timeout bounds the wait
+        yield EDITOR_PORT
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory) -> Iterator[RayTestCluster]:
-    """Started once per test session (tests that use it share one xdist worker: xdist_group)."""
+    """Started once per xdist worker that runs Ray tests (their xdist_group "ray" would put them
+    all on one, but pytest-xdist 3.8's loadgroup does not group under pytest 9)."""
     from mlagents_plugin.ray import local as ray_local
 
     netguard_log = tmp_path_factory.mktemp("netguard") / "netguard.log"

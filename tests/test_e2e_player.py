@@ -216,7 +216,7 @@ def test_visual_scene_trains(tmp_path, builds):
 
 @pytest.mark.timeout(300)
 @pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
-def test_editor_mode_with_a_player_started_by_hand(tmp_path):
+def test_editor_mode_with_a_player_started_by_hand(tmp_path, editor_port):
     """Without --env, mlagents-learn waits on port 5004 for the Editor; the player stands in."""
     config = goal_config(tmp_path, max_steps=1000)
     trainer = subprocess.Popen(

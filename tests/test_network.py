@@ -65,7 +65,7 @@ def test_a_run_on_player_builds_listens_on_loopback_only_and_trains(tmp_path):
     ("all", EVERY_ADDRESS),  # the opt-out: every address, IPv4 and IPv6, as mlagents-envs binds
     ("127.0.0.2", loopback_families() | {"127.0.0.2"}),  # one more address (a loopback one: nothing exposed)
 ], ids=["default", "all", "one-address"])
-def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen, expected):
+def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen, expected, editor_port):
     def edit(config):
         config["behaviors"]["Goal"]["max_steps"] = 1000
         if listen is not None:
@@ -88,7 +88,7 @@ def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen,
 
 @pytest.mark.timeout(120)
 @pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
-def test_a_second_run_waiting_for_the_editor_says_who_holds_its_port(tmp_path):
+def test_a_second_run_waiting_for_the_editor_says_who_holds_its_port(tmp_path, editor_port):
     """The Editor has one port: the worker is not moved to another (the Editor would never come),
     and the run stops naming the process that holds it."""
     def edit(config):

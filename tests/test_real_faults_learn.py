@@ -250,7 +250,7 @@ def test_killing_the_group_also_ends_processes_an_env_started_in_their_own_sessi
 
 @pytest.mark.timeout(120)
 @pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
-def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path):
+def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path, editor_port):
     def edit(config):
         config["behaviors"]["Goal"]["max_steps"] = 1000
 
