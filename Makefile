@@ -13,7 +13,9 @@ STAMP100 := $(VENV100)/.installed
 WHEEL := dist/mlagents_plugin-0.1.0-py3-none-any.whl
 SOURCES := setup.py $(shell find mlagents_plugin config -type f -not -path '*/__pycache__/*')
 # Two pytest workers: most tests wait on processes, timeouts and ports more than they compute.
-# loadgroup: the Ray tests (xdist_group "ray") share one worker, so Ray starts once.
+# loadgroup: the Ray tests (xdist_group "ray") share one worker, so Ray starts once; under
+# pytest 9, pytest-xdist 3.8 does not group them (each worker that runs one starts its Ray), and
+# tests that must not overlap take a lock instead (conftest's editor_port).
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 # The ML-Agents 1.0.0 leg: what touches ML-Agents (docs/platforms.md has the table).
 MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli.py tests/test_dropin.py \
