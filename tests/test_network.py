@@ -95,6 +95,9 @@ def test_a_second_run_waiting_for_the_editor_says_who_holds_its_port(tmp_path, e
         config["behaviors"]["Goal"]["max_steps"] = 1000
 
     with socket.socket() as holder:  # the first run, as far as the port is concerned
+        # as a server binds (gRPC too): an earlier test's closed connections to 5004 may linger
+        # in TIME_WAIT, which a plain bind takes for "in use"
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", EDITOR_PORT))
         holder.listen()
         trainer = start_learn(tmp_path, learn_command(write_config(tmp_path, "goal_player.yaml", edit)))
