@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import wait_for_files
+from helpers import step_until, wait_for_files
 
 from mlagents_plugin.testing import (
     HangingEnvironment,
@@ -171,10 +171,9 @@ def test_a_crashed_workers_player_is_killed(env_manager_factory, tmp_path):
     manager = env_manager_factory(factory, 2, restart_backoff_s=0.0)
     manager.reset()
     first = set(players(pid_dir))
-    for _ in range(2000):  # until the restarted worker has launched its own player
-        manager.get_steps()
-        if len(players(pid_dir)) == 3:
-            break
+    # until the restarted worker has launched its own player: a time bound, not a step count
+    # (a spawned worker restarts in about a second, in which fast envs step thousands of times)
+    step_until(manager, lambda: len(players(pid_dir)) == 3, within_s=30)
     assert manager.restart_counts == {"died": 1}
     orphaned = first - {pid for pid in first if alive(pid)}
     assert len(orphaned) == 1, "the crashed worker's player must be gone, the other one alive"
