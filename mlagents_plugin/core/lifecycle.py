@@ -23,7 +23,6 @@ from mlagents_envs.base_env import BehaviorName, BehaviorSpec
 from mlagents_plugin.core.names import worker_label
 from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand
-from mlagents_plugin.core.wire import Decoder
 
 if TYPE_CHECKING:  # ML-Agents' trainers load torch: a Ray actor's slots do without them
     from mlagents.trainers.action_info import ActionInfo
@@ -75,7 +74,6 @@ class Slot:
         self.previous_step: Optional["EnvironmentStep"] = None  # None: none yet (the manager's)
         self.previous_all_action_info: Dict[BehaviorName, "ActionInfo"] = {}
         self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}
-        self.decoder = Decoder()  # of the current incarnation's step results
 
     @property
     def live(self) -> bool:
@@ -182,6 +180,4 @@ class Slot:
 
     def _forget(self) -> None:
         """What the trainer held of the incarnation that is going."""
-        self.decoder.close()
-        self.decoder = Decoder()
         self.pid, self.placement, self.awaiting, self.deadline = None, None, None, None

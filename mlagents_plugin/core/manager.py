@@ -48,6 +48,7 @@ from mlagents_plugin.core.restart import Cause, RestartPolicy
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.core.stats import HealthStats
 from mlagents_plugin.core.watched import WatchedClock
+from mlagents_plugin.core.wire import Decoders
 from mlagents_plugin.integration import compat
 
 logger = logging_util.get_logger(__name__)
@@ -106,6 +107,7 @@ class SupervisedManagerBase(EnvManager):
             and getattr(env_factory, "__module__", None) == "mlagents.trainers.learn"
         )
         self._completed: List[EnvironmentStep] = []
+        self._decoders = Decoders()
         self._failures: List[BaseException] = []  # of the wait being handled: _pump raises the first
         self._health = HealthStats(n_env, clock)
         self._closed = False
@@ -273,7 +275,7 @@ class SupervisedManagerBase(EnvManager):
                 with signals.deferred():  # NOTE [ Trainer signals ]: never half released
                     slot.sent(EnvironmentCommand.CLOSE)
                     try:
-                        self._backend.release(_ref(slot), reason)
+                        self._release(slot, reason)
                     except Exception:  # the others are still to be released, and the backend closed
                         logger.exception(f"Releasing {slot.label} failed.")
                     slot.close()
@@ -367,7 +369,24 @@ class SupervisedManagerBase(EnvManager):
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.sent(cmd)
         data = pack(EnvironmentRequest(cmd, slot.worker_id, slot.incarnation, payload))
-        self._backend.deliver(_ref(slot), cmd, data)
+        self._backend.deliver(self._ref(slot), cmd, data)
+
+    def _ref(self, slot: Slot) -> WorkerRef:
+        """The slot's current incarnation, as a backend is told of it (it never gets the slot)."""
+        return WorkerRef(
+            slot.worker_id,
+            slot.incarnation,
+            slot.label,
+            slot.awaiting or slot.last_command,
+            self._decoders.segment_name(slot.worker_id),
+        )
+
+    def _release(self, slot: Slot, reason: Reason) -> None:
+        """The backend lets the slot's incarnation go; its step results' segment is unmapped."""
+        try:
+            self._backend.release(self._ref(slot), reason)
+        finally:
+            self._decoders.forget(slot.worker_id)
 
     def _request(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         """Send a request that has a reply (STEP, RESET), and start its clock."""
@@ -456,7 +475,7 @@ class SupervisedManagerBase(EnvManager):
             else:
                 self._health.stepped(slot.worker_id, self._watched.now() - slot.sent_at)
             step = EnvironmentStep(
-                slot.decoder.decode(payload.all_step_result),
+                self._decoders.decode(slot.worker_id, payload.all_step_result),
                 slot.worker_id,
                 slot.previous_all_action_info,
                 payload.environment_stats,
@@ -508,7 +527,7 @@ class SupervisedManagerBase(EnvManager):
     def _release_failed(self, slot: Slot, exc: BaseException, reason: Reason) -> None:
         worker_id = slot.worker_id
         self._completed = [s for s in self._completed if s.worker_id != worker_id]
-        self._backend.release(_ref(slot), reason)
+        self._release(slot, reason)
         compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if _is_port_in_use(exc) and self._waits_for_the_editor:
             add_note(exc, self._editor_port_taken())
@@ -577,17 +596,6 @@ class SupervisedManagerBase(EnvManager):
 def _last_step(slot: Slot) -> EnvironmentStep:
     """The step the slot's next actions answer (an empty one before its first)."""
     return slot.previous_step if slot.previous_step is not None else EnvironmentStep.empty(slot.worker_id)
-
-
-def _ref(slot: Slot) -> WorkerRef:
-    """The slot's current incarnation, as a backend is told of it (it never gets the slot)."""
-    return WorkerRef(
-        slot.worker_id,
-        slot.incarnation,
-        slot.label,
-        slot.awaiting or slot.last_command,
-        slot.decoder.segment_name,
-    )
 
 
 def merge_worker_timers(timer_root: Any) -> None:

@@ -193,6 +193,30 @@ class Decoder:
             self.segment = None
 
 
+class Decoders:
+    """The trainer's decoders, one per worker for its current incarnation (the manager's)."""
+
+    def __init__(self) -> None:
+        self._by_worker: Dict[int, Decoder] = {}
+
+    def decode(self, worker_id: int, encoded: EncodedSteps) -> Dict[str, Tuple[DecisionSteps, TerminalSteps]]:
+        decoder = self._by_worker.get(worker_id)
+        if decoder is None:
+            decoder = self._by_worker[worker_id] = Decoder()
+        return decoder.decode(encoded)
+
+    def segment_name(self, worker_id: int) -> Optional[str]:
+        """The segment the worker's current incarnation last named, if any."""
+        decoder = self._by_worker.get(worker_id)
+        return decoder.segment_name if decoder is not None else None
+
+    def forget(self, worker_id: int) -> None:
+        """The worker's incarnation is released: unmap its segment; the next starts afresh."""
+        decoder = self._by_worker.pop(worker_id, None)
+        if decoder is not None:
+            decoder.close()
+
+
 def departed_segments(prefix: str, last_seen: Optional[str]) -> List[str]:
     """The segments a worker incarnation whose names start with ``prefix`` may have left behind,
     ``last_seen`` being the last one its replies named (NOTE [ Step wire format ])."""
