@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pytest
 from conftest import leftover_segments
+from mlagents_envs.base_env import ActionTuple
 
-from mlagents_plugin.core import wire
+from mlagents_plugin.core import protocol, wire
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 VISUAL = dict(num_agents=32, visual_shape=(3, 84, 84))
@@ -31,6 +32,26 @@ def assert_same(received, sent):
                 np.testing.assert_array_equal(a, b)
             for field in ("reward", "agent_id", "group_id", "group_reward"):
                 np.testing.assert_array_equal(np.asarray(getattr(got, field)), np.asarray(getattr(expected, field)))
+
+
+@pytest.mark.fast
+def test_actions_arrive_as_sent_and_writable():
+    """A STEP's actions travel as raw bytes (NOTE [ Packing messages ]): the worker gets the same
+    values, dtypes and shapes, in arrays it may change in place, as unpickled ones."""
+    actions = {
+        "A": ActionTuple(np.arange(6, dtype=np.float32).reshape(2, 3), np.array([[1, 0], [2, 1]], np.int32)),
+        "B": ActionTuple(np.zeros((0, 2), np.float32), np.zeros((0, 0), np.int32)),  # no agent asks
+    }
+    sent = protocol.EnvironmentRequest(protocol.EnvironmentCommand.STEP, 3, 7, actions)
+    received = protocol.unpack_request(protocol.pack(sent))
+    assert (received.cmd, received.worker_id, received.incarnation) == (protocol.EnvironmentCommand.STEP, 3, 7)
+    assert received.payload.keys() == actions.keys()
+    for name, action in actions.items():
+        for got, expected in ((received.payload[name].continuous, action.continuous),
+                              (received.payload[name].discrete, action.discrete)):
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            np.testing.assert_array_equal(got, expected)
+            assert got.flags.writeable
 
 
 @pytest.mark.fast
