@@ -2,7 +2,7 @@
 
     python benchmarks/bench.py [--quick] [--only SECTION ...] [--ray-address ADDR]
 
-Sections: throughput unity startup faults drift ray training concurrent.
+Sections: throughput trainer unity startup faults drift ray training concurrent.
 
 ``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
 """
@@ -22,11 +22,13 @@ import fault_costs  # noqa: E402
 import ray_vs_subprocess  # noqa: E402
 import startup  # noqa: E402
 import throughput  # noqa: E402
+import trainer_loop  # noqa: E402
 import training  # noqa: E402
 import unity_path  # noqa: E402
 
 SECTIONS = {
     "throughput": throughput,
+    "trainer": trainer_loop,
     "unity": unity_path,
     "startup": startup,
     "faults": fault_costs,

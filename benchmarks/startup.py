@@ -44,6 +44,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
     from mlagents.trainers.settings import RunOptions, TrainerSettings
     from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
+    from mlagents_plugin.core.settings import EnvManagerSettings
     from mlagents_plugin.local.supervisor import SupervisedEnvManager
     from mlagents_plugin.player.build import make_build
     from mlagents_plugin.testing import SimpleEnvironment, make_factory
@@ -71,7 +72,9 @@ def _child(which: str, env: str, n_env: int) -> Dict:
         results = {}
         for attempt in ("cold", "warm"):
             started = time.perf_counter()
-            if which.startswith("ours"):
+            if which == "ours fork":  # the setting for many short runs (docs/benchmarks.md)
+                manager = SupervisedEnvManager(factory, run_options, n_env, EnvManagerSettings(start_method="fork"))
+            elif which.startswith("ours"):
                 manager = SupervisedEnvManager(factory, run_options, n_env)
             else:
                 manager = SubprocessEnvManager(factory, run_options, n_env)
@@ -141,14 +144,15 @@ def run(quick: bool) -> List[Dict]:
         for env in QUICK_ENVS if quick else ENVS:
             for n_env in workers if pair == "linux" else (1,) if quick else workers[:3]:
                 runs: Dict[str, List[Dict]] = {ours: [], upstream: []}
-                for _ in range(repeats):  # alternating, so both see the same machine
+                if pair == "linux" and env == "torch":
+                    runs["ours fork"] = []
+                for _ in range(repeats):  # alternating, so all see the same machine
                     for which in runs:
                         runs[which].append(measure(which, env, n_env))
                 row = {"pair": pair, "env": env, "workers": n_env, "bare_mlagents_envs": bare}
+                names = {ours: "ours", upstream: "upstream", "ours fork": "ours_fork"}
                 for which, measured in runs.items():
-                    row["ours" if which == ours else "upstream"] = {
-                        key: statistics.median(m[key] for m in measured) for key in measured[0]
-                    }
+                    row[names[which]] = {key: statistics.median(m[key] for m in measured) for key in measured[0]}
                 print(row, flush=True)
                 rows.append(row)
     return rows
@@ -181,6 +185,23 @@ def markdown(rows: List[Dict]) -> str:
             f"{ours['warm_uss_mb']:.1f} / {up['warm_uss_mb']:.1f} | "
             f"{ours['warm_pss_mb']:.1f} / {up['warm_pss_mb']:.1f} |"
         )
+    forked = [row for row in rows if "ours_fork" in row]
+    if forked:
+        out += [
+            "",
+            "With `start_method: fork` (workers forked from the trainer, as upstream's):",
+            "",
+            "| env | workers | start-up cold: ours fork / forkserver / upstream "
+            "| warm: ours fork / forkserver / upstream |",
+            "| --- | --- | --- | --- |",
+        ]
+        for row in forked:
+            figures = [row["ours_fork"], row["ours"], row["upstream"]]
+            out.append(
+                f"| {row['env']} | {row['workers']} | "
+                + " / ".join(f"{f['cold_startup_s']:.3f}" for f in figures) + " s | "
+                + " / ".join(f"{f['warm_startup_s']:.3f}" for f in figures) + " s |"
+            )
     return "\n".join(out)
 
 

@@ -6,5 +6,5 @@ import torch  # noqa: F401
 from mlagents_plugin.testing import SimpleEnvironment
 
 
-def make_env(worker_id: int, side_channels: list) -> SimpleEnvironment:
-    return SimpleEnvironment(worker_id, side_channels, num_agents=4)
+def make_env(worker_id: int, side_channels: list, num_agents: int = 4) -> SimpleEnvironment:
+    return SimpleEnvironment(worker_id, side_channels, num_agents=num_agents)

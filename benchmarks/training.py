@@ -5,12 +5,17 @@ ours with it, side by side, alternating, the same YAML and seed.
     agents per build; upstream's manager through ``env_manager: {enabled: false}``.
 (b) Python envs (SimpleEnvironment, 1 or 8 agents each), 8 and 16 workers: stock mlagents-learn cannot
     give upstream's manager a Python env, so each run drives the same trainer loop
-    (``mlagents_plugin.testing.training.train``) with a manager built on the same factory.
+    (``mlagents_plugin.testing.training.train``) with a manager built on the same factory: the
+    shape of upstream's test harness (``check_environment_trains``). The env's module imports
+    torch (torch_env.py), as upstream's test envs do.
 
 Per run: agent steps/s and trainer CPU (the trainer process alone, not its workers) per agent
 step, both measured between the first and the last summary (start-up and close excluded);
-policy forward passes (``TorchPolicy.evaluate``) per env step; the final mean reward.
+policy forward passes (``TorchPolicy.evaluate``) per env step; the final mean reward. For (b)
+also the whole run (the manager's construction to the end of its close) and the time to the
+first summary, which include start-up.
 """
+import functools
 import json
 import os
 import re
@@ -133,7 +138,7 @@ def _child(manager: str, workers: int, agents: int, max_steps: int) -> Dict[str,
     from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
     from mlagents_plugin import EnvManagerSettings, SupervisedEnvManager
-    from mlagents_plugin.testing import SimpleEnvironment, make_factory, training
+    from mlagents_plugin.testing import training
 
     calls = [0]
     evaluate = TorchPolicy.evaluate
@@ -152,7 +157,10 @@ def _child(manager: str, workers: int, agents: int, max_steps: int) -> Dict[str,
             summaries.add(step, float(values[training.REWARD_KEY].aggregated_value))
 
     training.StatsRecorder.write_stats = recorded
-    factory = make_factory(SimpleEnvironment, num_agents=agents)
+    import torch_env  # the trainer imported the env's module, as a test module is
+
+    factory = functools.partial(torch_env.make_env, num_agents=agents)
+    start = time.perf_counter()
     if manager == "upstream":
         env_manager = SubprocessEnvManager(factory, RunOptions(), workers)
     else:
@@ -170,7 +178,11 @@ def _child(manager: str, workers: int, agents: int, max_steps: int) -> Dict[str,
         training.train(env_manager, config)
     finally:
         env_manager.close()
-    return summaries.figures(agents, calls[0])
+    return {
+        **summaries.figures(agents, calls[0]),
+        "whole_run_s": time.perf_counter() - start,
+        "first_summary_s": summaries.rows[0][0] - start,
+    }
 
 
 # ------------------------------------------------------------------------- the section
@@ -240,6 +252,21 @@ def markdown(rows: List[Dict]) -> str:
             f"| {cells('trainer_cpu_us_per_agent_step', '.0f')} | {cells('evaluate_per_env_step', '.2f')} "
             f"| {cells('final_reward', '.2f')} |"
         )
+    whole = [row for row in rows if "whole_run_s" in row["results"]["upstream"]]
+    if whole:
+        out += [
+            "",
+            "| Case | whole run s: upstream / unbatched / batched | upstream s / batched s "
+            "| first summary s: upstream / unbatched / batched |",
+            "| --- | --- | --- | --- |",
+        ]
+        for row in whole:
+            r = [row["results"][m] for m in MANAGERS]
+            out.append(
+                f"| {row['case']} | {' / '.join(format(x['whole_run_s'], '.1f') for x in r)} "
+                f"| {r[0]['whole_run_s'] / r[2]['whole_run_s']:.2f} "
+                f"| {' / '.join(format(x['first_summary_s'], '.1f') for x in r)} |"
+            )
     return "\n".join(out)
 
 

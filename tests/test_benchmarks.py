@@ -22,9 +22,12 @@ def quick_bench(out: Path, *args: str) -> dict:
 
 @pytest.mark.timeout(600)
 def test_quick_benchmarks_run_and_report(tmp_path):
-    report = quick_bench(tmp_path, "--only", "throughput", "unity", "startup", "faults", "drift")
-    assert {"throughput", "unity", "startup", "faults", "drift"} <= set(report)
+    report = quick_bench(tmp_path, "--only", "throughput", "trainer", "unity", "startup", "faults", "drift")
+    assert {"throughput", "trainer", "unity", "startup", "faults", "drift"} <= set(report)
     assert all(row["results"]["ours"]["env_steps_per_s"] > 0 for row in report["throughput"])
+    for row in report["trainer"]:
+        assert set(row["results"]) == {"ours", "ours per worker", "upstream", "bare pipe"}
+        assert all(r["env_steps_per_s"] > 0 and r["whole_run_s"] > 0 for r in row["results"].values())
     assert all(row["ours"]["cold_startup_s"] > 0 for row in report["startup"])
 
 
