@@ -188,9 +188,9 @@ def _child(manager: str, workers: int, agents: int, max_steps: int) -> Dict[str,
 # ------------------------------------------------------------------------- the section
 
 
-def run(quick: bool) -> List[Dict]:
+def run(quick: bool, players: bool = True) -> List[Dict]:
     rounds = 1 if quick else 2
-    player_cases = PLAYER_CASES[:1] if quick else PLAYER_CASES
+    player_cases = [] if not players else PLAYER_CASES[:1] if quick else PLAYER_CASES
     python_cases = PYTHON_CASES[:1] if quick else PYTHON_CASES
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlap-training-") as tmp:
@@ -273,6 +273,6 @@ def markdown(rows: List[Dict]) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))))
-    else:
-        rows = run(quick="--quick" in sys.argv)
+    else:  # [--quick] [--python-only]: the Python-env cases alone take about 15 minutes
+        rows = run(quick="--quick" in sys.argv, players="--python-only" not in sys.argv)
         print(markdown(rows))
