@@ -141,13 +141,12 @@ class ExceptionEnvelope(NamedTuple):
 # about 10 µs per message each way for our envelopes, against half a microsecond for plain
 # tuples and ints, on every step of every worker. ``pack`` and ``unpack`` put the messages on
 # the wire as plain tuples (commands as their values; a step's payload, its encoded results and
-# its stats' aggregation methods flattened; actions as arrays) and rebuild the named forms on
-# the other side. Actions travel as (dtype, shape, bytes): pickle rebuilds an ndarray through
-# numpy's reduce, about 4 µs per array each way, and a STEP carries two per behaviour; the worker
-# gets writable arrays, as unpickled ones are (an env may clip its actions in place). Plain
-# ``pickle`` is used, not multiprocessing's ForkingPickler, whose
-# per-message setup costs as much again and whose extra reducers (for sockets, pipes) nothing
-# here needs.
+# its stats' aggregation methods flattened; actions as (dtype, shape, bytes)) and rebuild the
+# named forms on the other side. Pickle rebuilds an ndarray through numpy's reduce, about 4 µs
+# per array each way, and a STEP carries two per behaviour; the worker still gets writable
+# arrays, as unpickled ones are (an env may clip its actions in place). Plain ``pickle`` is
+# used, not multiprocessing's ForkingPickler, whose per-message setup costs as much again and
+# whose extra reducers (for sockets, pipes) nothing here needs.
 _COMMANDS = {command.value: command for command in EnvironmentCommand}
 _STEP_RESULTS = (EnvironmentCommand.STEP, EnvironmentCommand.RESET)
 
