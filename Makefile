@@ -116,7 +116,7 @@ bench: $(STAMP)
 
 # Three minutes of random faults through stock mlagents-learn (docs/faults.md#the-chaos-run).
 chaos: $(STAMP)
-	$(BIN)/python benchmarks/chaos.py --duration 180
+	$(BIN)/python benchmarks/bench.py chaos --duration 180
 
 doctor: $(STAMP)
 	$(BIN)/python -m mlagents_plugin doctor

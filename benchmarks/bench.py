@@ -1,15 +1,21 @@
-"""``make bench``: every benchmark, side by side in one run; JSON and Markdown in results/bench/.
+"""The one front of benchmarks/ (its README says which command answers which question).
 
     python benchmarks/bench.py [--quick] [--only SECTION ...] [--ray-address ADDR]
+    python benchmarks/bench.py RUN [its options]
 
-Sections: throughput trainer unity startup faults drift ray training concurrent.
-
+Sections (``make bench``: all of them, side by side in one run; JSON and Markdown in
+results/bench/): throughput trainer unity startup faults drift ray training concurrent.
 ``--quick`` (CI's smoke run) runs a little of each and asserts nothing about speed.
+
+Runs that stand alone, with options of their own (``bench.py RUN --help``): chaos, compare-faults
+(the fault benchmarks, with the ``faults`` section), ray-faults, ray-scale, training-python (the
+``training`` section's Python-env cases alone).
 """
 import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,8 +45,21 @@ SECTIONS = {
 }
 
 
+RUNS = {  # stand-alone runs: each its own process, as it needs (a Ray cluster, a live training)
+    "chaos": ["chaos.py"],
+    "compare-faults": ["compare_faults.py"],
+    "ray-faults": ["ray_faults.py"],
+    "ray-scale": ["ray_scale.py"],
+    "training-python": ["training.py", "--python-only"],
+}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    if len(sys.argv) > 1 and sys.argv[1] in RUNS:
+        script, *options = RUNS[sys.argv[1]]
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.exit(subprocess.call([sys.executable, os.path.join(here, script), *options, *sys.argv[2:]]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--out", default="results/bench")

@@ -15,6 +15,7 @@ policy forward passes (``TorchPolicy.evaluate``) per env step; the final mean re
 also the whole run (the manager's construction to the end of its close) and the time to the
 first summary, which include start-up.
 """
+import argparse
 import functools
 import json
 import os
@@ -273,6 +274,9 @@ def markdown(rows: List[Dict]) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))))
-    else:  # [--quick] [--python-only]: the Python-env cases alone take about 15 minutes
-        rows = run(quick="--quick" in sys.argv, players="--python-only" not in sys.argv)
-        print(markdown(rows))
+    else:
+        parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--quick", action="store_true", help="one case of each kind, one round")
+        parser.add_argument("--python-only", action="store_true", help="the Python-env cases alone (about 15 min)")
+        args = parser.parse_args()
+        print(markdown(run(quick=args.quick, players=not args.python_only)))

@@ -31,6 +31,18 @@ def test_quick_benchmarks_run_and_report(tmp_path):
     assert all(row["ours"]["cold_startup_s"] > 0 for row in report["startup"])
 
 
+@pytest.mark.parametrize("run", ["chaos", "compare-faults", "ray-faults", "ray-scale", "training-python"])
+@pytest.mark.timeout(120)
+def test_bench_py_is_the_front_of_every_stand_alone_run(run):
+    """``bench.py RUN --help`` reaches the run's own options (benchmarks/README.md's commands)."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench.py"), run, "--help"],
+        capture_output=True, text=True, timeout=110,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout
+
+
 @pytest.mark.ray
 @pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(600)
