@@ -190,6 +190,52 @@ PLAYER_TRAINER_SCRIPT = textwrap.dedent("""
 """)
 
 
+TELLS_AND_DIES = textwrap.dedent("""
+    import os, subprocess, sys
+    from mlagents_plugin.local.linux.reaper_client import Reaper
+    reaper = Reaper()
+    reaper.remove_with_me(sys.argv[1])  # starts the reaper
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()  # the test has stopped the reaper
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    reaper.watch_worker(victim.pid)
+    print(victim.pid, flush=True)
+    os._exit(0)
+""")
+
+
+@pytest.mark.hardening
+@pytest.mark.timeout(60)
+def test_the_reaper_reads_what_its_supervisor_said_before_dying(tmp_path):
+    """CI18: a worker outlived its SIGKILLed trainer on a loaded machine. A reaper slow to run
+    (its sweep, a loaded machine) found the trainer's pidfd and its unread "worker" lines ready
+    together, and left without reading them. Here the reaper is stopped while its supervisor
+    tells it of a worker and dies."""
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", TELLS_AND_DIES, str(tmp_path / "dir")], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )
+    victim = None
+    reaper = reaper_of(int(supervisor.stdout.readline()))
+    try:
+        reaper.suspend()
+        supervisor.stdin.write("go\n")
+        supervisor.stdin.flush()
+        victim = int(supervisor.stdout.readline())
+        supervisor.wait(10)
+        reaper.resume()  # the pidfd and the line are ready together
+        assert alive_after([victim], 10.0) == [], "the reaper left a worker it was told of running"
+        reaper.wait(10)
+    finally:
+        if reaper.is_running():
+            reaper.resume()
+        if victim is not None and alive(victim):
+            os.kill(victim, signal.SIGKILL)
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+
+
 def kill_what_is_left(trainer: subprocess.Popen, pids=()) -> None:
     """After a test that killed a trainer's reaper: what nobody else will clean up."""
     if trainer.poll() is None:

@@ -16,7 +16,8 @@
 #     dir PATH                a directory to remove (a Ray temp dir, the fork server's temp dir)
 #
 # When it starts, it sweeps: processes tagged by supervisors that are gone, their shared memory
-# segments and their directories. When the supervisor is gone (a pidfd: no polling), it SIGKILLs
+# segments and their directories. When the supervisor is gone (a pidfd: no polling), it reads
+# what is left of its input (lines written just before the death may be unread), SIGKILLs
 # every worker it was told of that still runs (checked by start time, so a reused pid is spared)
 # and their descendants, and every process tagged with owner_prefix; then it removes the
 # supervisor's segments and directories, says what it did on stderr if it did anything, and exits.
@@ -164,6 +165,28 @@ def sweep(names: Names) -> Tuple[List[int], List[str], List[str]]:
     return killed, segments, dirs
 
 
+class Told:
+    """What the supervisor told the reaper on its standard input (NOTE [ The reaper ])."""
+
+    def __init__(self) -> None:
+        self.workers: Dict[int, int] = {}  # pid -> start time
+        self.dirs: List[str] = []
+        self._pending = b""
+
+    def read(self, fd: int) -> bool:
+        """Read what is there and take its whole lines; False at the end of the input."""
+        chunk = os.read(fd, 65536)
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        for line in lines:
+            kind, _, rest = line.decode().partition(" ")
+            if kind == "worker":
+                pid, start = rest.split()
+                self.workers[int(pid)] = int(start)
+            elif kind == "dir":
+                self.dirs.append(rest)
+        return bool(chunk)
+
+
 def main(argv: List[str]) -> int:
     names = Names(**json.loads(argv[0]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the supervisor, not for us
@@ -173,28 +196,26 @@ def main(argv: List[str]) -> int:
     except ProcessLookupError:
         watched = None
     sweep(names)
-    workers: Dict[int, int] = {}
-    dirs: List[str] = []
+    told = Told()
     # unbuffered: select() must see what is not yet read (typeshed types stdin's buffer as BinaryIO)
     stdin: Optional[io.FileIO] = cast("io.BufferedReader[io.FileIO]", sys.stdin.buffer).raw
-    pending = b""
     while watched is not None:
         ready, _, _ = select.select([watched] + ([stdin] if stdin else []), [], [])
         if watched in ready:
             break
         assert stdin is not None  # once it is closed, only the pidfd can be ready
-        chunk = os.read(stdin.fileno(), 65536)
-        if not chunk:
+        if not told.read(stdin.fileno()):
             stdin = None  # the supervisor closed it (or exited): wait for its pidfd alone
-            continue
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            kind, _, rest = line.decode().partition(" ")
-            if kind == "worker":
-                pid, start = rest.split()
-                workers[int(pid)] = int(start)
-            elif kind == "dir":
-                dirs.append(rest)
+    if stdin is not None:
+        # What the supervisor wrote before it died may not be read yet: a reaper slow to start
+        # (its sweep, a loaded machine) finds the pidfd and unread lines ready together.
+        os.set_blocking(stdin.fileno(), False)
+        try:
+            while told.read(stdin.fileno()):
+                pass
+        except BlockingIOError:
+            pass  # all read; a fork of the supervisor may still hold the pipe open
+    workers, dirs = told.workers, told.dirs
     parents = _processes()
     alive = {pid for pid, start in workers.items() if starttime(pid) == start}
     doomed = _descendants(alive, parents)
