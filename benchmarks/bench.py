@@ -15,12 +15,25 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+RUNS = {  # stand-alone runs: each its own process, as it needs (a Ray cluster, a live training)
+    "chaos": ["chaos.py"],
+    "compare-faults": ["compare_faults.py"],
+    "ray-faults": ["ray_faults.py"],
+    "ray-scale": ["ray_scale.py"],
+    "training-python": ["training.py", "--python-only"],
+}
+HERE = os.path.dirname(os.path.abspath(__file__))
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in RUNS:
+    # the run replaces this process (its Ctrl-C handling and clean-up are its own), before the
+    # sections' imports below
+    script, *options = RUNS[sys.argv[1]]
+    os.execv(sys.executable, [sys.executable, os.path.join(HERE, script), *options, *sys.argv[2:]])
+
+sys.path.insert(0, HERE)
 
 import concurrent_runs  # noqa: E402
 import drift  # noqa: E402
@@ -45,20 +58,7 @@ SECTIONS = {
 }
 
 
-RUNS = {  # stand-alone runs: each its own process, as it needs (a Ray cluster, a live training)
-    "chaos": ["chaos.py"],
-    "compare-faults": ["compare_faults.py"],
-    "ray-faults": ["ray_faults.py"],
-    "ray-scale": ["ray_scale.py"],
-    "training-python": ["training.py", "--python-only"],
-}
-
-
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in RUNS:
-        script, *options = RUNS[sys.argv[1]]
-        here = os.path.dirname(os.path.abspath(__file__))
-        sys.exit(subprocess.call([sys.executable, os.path.join(here, script), *options, *sys.argv[2:]]))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=list(SECTIONS))

@@ -94,7 +94,7 @@ class BarePipeEnvManager(EnvManager):
         self.processes = []
         for worker_id in range(n_env):
             parent, child = context.Pipe()
-            process = context.Process(target=_bare_worker, args=(child, factory, worker_id))
+            process = context.Process(target=_bare_worker, args=(child, factory, worker_id), daemon=True)
             process.start()
             child.close()
             self.conns.append(parent)
@@ -146,12 +146,16 @@ class BarePipeEnvManager(EnvManager):
 
     def close(self) -> None:
         for worker_id, conn in enumerate(self.conns):
-            if worker_id in self.sent:
-                conn.recv()  # the step it is busy with
-            conn.send(None)
+            try:
+                if worker_id in self.sent and conn.poll(5):
+                    conn.recv()  # the step it is busy with
+                conn.send(None)
+            except (OSError, EOFError):
+                pass  # gone already: killed below
         for process in self.processes:
             process.join(timeout=5)
             process.kill()
+            process.join()
 
 
 # ------------------------------------------------------------------------ the trainer's loop
@@ -163,6 +167,14 @@ class TrainerLoop(Stepper):
     def __init__(self, name: str, manager: EnvManager):
         self.name = name
         self.manager = manager
+        try:
+            self._start()
+        except BaseException:
+            manager.close()
+            raise
+
+    def _start(self) -> None:
+        manager = self.manager
         manager.reset({})  # upstream cannot take None
         self.queues: List[AgentManagerQueue] = []
         for behavior, spec in manager.training_behaviors.items():

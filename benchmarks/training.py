@@ -198,7 +198,8 @@ def run(quick: bool, players: bool = True) -> List[Dict]:
         work = Path(tmp)
         from mlagents_plugin.player.build import make_build
 
-        make_build(str(work / "builds"), "goal")
+        if player_cases:
+            make_build(str(work / "builds"), "goal")
         for builds, agents in player_cases:
             max_steps = (2000 if quick else 8000) * (2 if agents > 1 else 1)
             rows.append(_alternate(

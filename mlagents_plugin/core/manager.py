@@ -254,6 +254,7 @@ class SupervisedManagerBase(EnvManager):
         try:
             for slot in self._slots:
                 slot.close()
+                self._decoders.forget(slot.worker_id)  # released or not (an interrupt cut the close)
                 logger.info(
                     f"Env worker {slot.worker_id}: {self._health.summary(slot.worker_id)}; "
                     f"its last process {self._backend.outcome(slot.worker_id)}."
