@@ -3,6 +3,7 @@ Ray tests share one loopback Ray cluster, watched by netguard where it exists.""
 import fcntl
 import importlib.util
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -80,11 +81,23 @@ def pytest_configure(config) -> None:
     (core/lifecycle.py), here and in every mlagents-learn the tests start. The Python 3.10 leg
     tests the installed wheel: make sure it is what is imported, not this checkout."""
     os.environ["MLAGENTS_PLUGIN_CHECK"] = "1"
+    _as_a_terminal_job()
     if os.environ.get("MLAGENTS_PLUGIN_EXPECT_INSTALLED") == "1":
         import mlagents_plugin
 
         if Path(mlagents_plugin.__file__).resolve().parents[1] == Path(__file__).resolve().parents[1]:
             pytest.exit(f"mlagents_plugin comes from this checkout ({mlagents_plugin.__file__}), not the wheel", 2)
+
+
+def _as_a_terminal_job() -> None:
+    """The suite tests Ctrl-C and hangups as a terminal delivers them, so it runs as a terminal job
+    does, whatever started it: a runner started in the background (``cmd &`` in a script),
+    under ``nohup``, or by a CI agent may pass SIGINT or SIGHUP on ignored, and Python and
+    mlagents-learn keep an inherited ignored signal ignored (CI19: every Ctrl-C test failed)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)
