@@ -147,18 +147,22 @@ def reaper_of(supervisor_pid: int) -> psutil.Process:
     by its command line."""
     from mlagents_plugin.local.linux import reaper
 
-    for proc in psutil.process_iter():
-        try:
-            command = proc.cmdline()
-        except psutil.Error:
-            continue
-        if (
-            command[3:4] == [reaper.__file__]
-            and json.loads(command[4])["supervisor"] == supervisor_pid
-            and proc.status() != psutil.STATUS_ZOMBIE
-        ):
-            return proc
-    pytest.fail(f"process {supervisor_pid} has no reaper")
+    deadline = time.monotonic() + 10  # a fresh reaper shows up at once; a loaded machine may lag
+    while True:
+        reapers = []
+        for proc in psutil.process_iter():
+            try:
+                command = proc.cmdline()
+                if command[3:4] == [reaper.__file__] and proc.status() != psutil.STATUS_ZOMBIE:
+                    reapers.append((proc, json.loads(command[4])["supervisor"]))
+            except (psutil.Error, IndexError, ValueError):
+                continue
+        for proc, supervisor in reapers:
+            if supervisor == supervisor_pid:
+                return proc
+        if time.monotonic() > deadline:
+            pytest.fail(f"process {supervisor_pid} has no reaper; reapers of: {[s for _, s in reapers]}")
+        time.sleep(0.1)
 
 
 class KillOnceBusy:
