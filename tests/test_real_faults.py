@@ -211,13 +211,13 @@ def test_the_reaper_reads_what_its_supervisor_said_before_dying(tmp_path):
     (its sweep, a loaded machine) found the trainer's pidfd and its unread "worker" lines ready
     together, and left without reading them. Here the reaper is stopped while its supervisor
     tells it of a worker and dies."""
-    supervisor = subprocess.Popen(
+    supervisor = subprocess.Popen(  # not run from the checkout: -c would import the package from there
         [sys.executable, "-c", TELLS_AND_DIES, str(tmp_path / "dir")], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, cwd=tmp_path,
     )
-    victim = None
-    reaper = reaper_of(int(supervisor.stdout.readline()))
+    victim = reaper = None
     try:
+        reaper = reaper_of(int(supervisor.stdout.readline()))
         reaper.suspend()
         supervisor.stdin.write("go\n")
         supervisor.stdin.flush()
@@ -227,7 +227,7 @@ def test_the_reaper_reads_what_its_supervisor_said_before_dying(tmp_path):
         assert alive_after([victim], 10.0) == [], "the reaper left a worker it was told of running"
         reaper.wait(10)
     finally:
-        if reaper.is_running():
+        if reaper is not None and reaper.is_running():
             reaper.resume()
         if victim is not None and alive(victim):
             os.kill(victim, signal.SIGKILL)
