@@ -58,17 +58,10 @@ def start_learn(tmp_path: Path, command, env: Optional[Dict[str, str]] = None) -
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group, like a job in a terminal
-        preexec_fn=_as_a_terminal_job,
+        # its own process group, like a job in a terminal; SIGINT and SIGHUP are not ignored
+        # whatever started the suite (conftest's pytest_configure)
+        start_new_session=True,
     )
-
-
-def _as_a_terminal_job() -> None:
-    """A job started at a terminal takes SIGHUP and SIGINT: not ignored, whatever the test runner
-    inherited (``nohup`` ignores SIGHUP, and every process it starts inherits that, as
-    mlagents-learn keeps an ignored SIGHUP ignored)."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s: float = 120) -> None:
