@@ -13,10 +13,11 @@ import psutil
 import pytest
 
 from mlagents_plugin.core import signals, wire
-from mlagents_plugin.local import processes
+from mlagents_plugin.local import fork_server, processes
 
-# multiprocessing's own long-lived helpers, started once per test process and shared by tests.
-# (The process's reaper is not a descendant: NOTE [ No orphans ].)
+# multiprocessing's own long-lived helpers, started once per test process and shared by tests:
+# the fork server (fresh, or a fork of this process, which fork_server.running_pid names) and
+# the resource tracker. (The process's reaper is not a descendant: NOTE [ No orphans ].)
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 # The session's Ray cluster and the pool of idle Ray workers it keeps: not a test's leftovers.
 # (Our actors, titled ray::EnvHostActor, are; tests/test_ray.py checks them by pid too.)
@@ -25,7 +26,7 @@ _RAY_PROCESS_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent
 
 def _infrastructure(proc: psutil.Process, me: int) -> bool:
     cmdline = " ".join(proc.cmdline())
-    if proc.ppid() == me and any(h in cmdline for h in _HELPERS):
+    if proc.ppid() == me and (any(h in cmdline for h in _HELPERS) or proc.pid == fork_server.running_pid()):
         return True
     return "/site-packages/ray/" in cmdline or cmdline.startswith(_RAY_PROCESS_TITLES)
 

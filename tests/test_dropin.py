@@ -2,6 +2,7 @@
 light and quick as its, and the habits of ML-Agents users (re-running a results folder)."""
 import inspect
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,7 @@ import time
 import psutil
 import pytest
 import yaml
-from helpers import REPO, free_port_block, learn_command, run_learn, write_config
+from helpers import REPO, alive_after, free_port_block, learn_command, run_learn, write_config
 from mlagents.trainers.learn import create_environment_factory
 from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException
 
@@ -115,13 +116,14 @@ PPO_TRAINER = textwrap.dedent("""
     import os
     from mlagents.plugins.trainer_type import register_trainer_plugins
     from mlagents.trainers.settings import RunOptions, TrainerSettings
-    from mlagents_plugin import SupervisedEnvManager
+    from mlagents_plugin import EnvManagerSettings, SupervisedEnvManager
     from mlagents_plugin.testing import SimpleEnvironment, make_factory
     if __name__ == "__main__":
         register_trainer_plugins()
         run_options = RunOptions()
         run_options.behaviors["Simple"] = TrainerSettings(trainer_type="ppo")  # PPOSettings import torch
-        manager = SupervisedEnvManager(make_factory(SimpleEnvironment), run_options, 2)
+        settings = EnvManagerSettings(start_method="spawn")
+        manager = SupervisedEnvManager(make_factory(SimpleEnvironment), run_options, 2, settings)
         manager.reset()
         print(os.getpid(), *manager.worker_pids.values(), flush=True)
         input()  # until the test has looked
@@ -131,8 +133,10 @@ PPO_TRAINER = textwrap.dedent("""
 
 @pytest.mark.timeout(60)
 def test_workers_do_not_load_torch_although_the_run_options_name_ppo(tmp_path):
-    """In a trainer of its own: its fork server preloads only what this factory needs (a fork
-    server shared by earlier tests may hold torch for their env modules' sake)."""
+    """Workers get no trainer settings (NOTE [ Workers get no trainer settings ]). Spawned, so
+    that a worker maps libtorch only if it imported torch: the default fork server of a script
+    is a fork of the trainer, and its workers map the trainer's libtorch (NOTE [ A fork server
+    forked from the trainer ])."""
     script = tmp_path / "trainer.py"
     script.write_text(PPO_TRAINER)
     trainer = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -236,16 +240,23 @@ def test_the_pytest_plugin_loads_without_ml_agents_trainers_or_torch():
 
 
 SCRIPT_BESIDE_ITS_ENV = textwrap.dedent("""
-    import os, sys
+    import os, sys, threading
     from mlagents.trainers.settings import RunOptions
     from mlagents_plugin import EnvManagerSettings, SupervisedEnvManager
     import env_beside  # found through sys.path[0], this script's folder, as a user's own env module is
-    if __name__ == "__main__":
+    def train():
         settings = EnvManagerSettings(start_method="forkserver")
         manager = SupervisedEnvManager(env_beside.make_env, RunOptions(), 3, settings)
         manager.reset({})
         print(" ".join(map(str, manager.worker_pids.values())), flush=True)
         manager.close()
+    if __name__ == "__main__":
+        if sys.argv[1] == "thread":
+            trainer = threading.Thread(target=train)
+            trainer.start()
+            trainer.join()
+        else:
+            train()
 """)
 
 ENV_BESIDE = textwrap.dedent("""
@@ -258,21 +269,85 @@ ENV_BESIDE = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
-def test_the_fork_server_imports_an_env_module_found_on_the_trainers_sys_path_once(tmp_path):
-    """Python's fork server ignores the sys.path it is given (NOTE [ The fork server's sys.path ]):
-    an env module beside the user's script was imported again by every worker."""
+@pytest.mark.parametrize("trainer_thread", ["main", "thread"])
+def test_an_env_module_found_on_the_trainers_sys_path_is_imported_once(tmp_path, trainer_thread):
+    """From the main thread, the fork server is a fork of the trainer and has the module already
+    (NOTE [ A fork server forked from the trainer ]). From another thread it is a fresh
+    interpreter, and Python's fork server would ignore the sys.path it is given (NOTE [ The fork
+    server's sys.path ]): an env module beside the user's script was imported again by every
+    worker."""
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "train.py").write_text(SCRIPT_BESIDE_ITS_ENV)
     (folder / "env_beside.py").write_text(ENV_BESIDE)
     run = subprocess.run(
-        [sys.executable, str(folder / "train.py")], cwd=tmp_path, capture_output=True, text=True, timeout=100,
+        [sys.executable, str(folder / "train.py"), trainer_thread], cwd=tmp_path, capture_output=True, text=True,
+        timeout=100,
     )
     assert run.returncode == 0, run.stderr
     workers = {int(pid) for pid in run.stdout.split()}
     importers = {int(path.name.rpartition("-")[2]) for path in folder.glob("imported-by-*")}
     assert len(workers) == 3 and not importers & workers, (importers, workers)
-    assert len(importers) == 2  # the trainer and the fork server, each once
+    # the trainer; from another thread, the fresh fork server too
+    assert len(importers) == (1 if trainer_thread == "main" else 2)
+
+
+FORKING_TRAINER = textwrap.dedent("""
+    import os, socket, sys
+    import torch  # as an env module's own imports would: a fork of the trainer has it already
+    from mlagents.trainers.learn import create_environment_factory
+    from mlagents.trainers.settings import RunOptions
+    from mlagents_plugin import SupervisedEnvManager
+    from mlagents_plugin.local import fork_server
+    from mlagents_plugin.testing import make_factory
+    if __name__ == "__main__":
+        build, base_port = sys.argv[1], int(sys.argv[2])
+        if build:
+            factory = create_environment_factory(build, True, True, 0, 1, 60, base_port, [], os.getcwd())
+        else:
+            factory = make_factory()
+        held = socket.create_server(("127.0.0.1", 0))  # the trainer's: no fork may keep it
+        manager = SupervisedEnvManager(factory, RunOptions(), 2)
+        manager.reset()
+        print(fork_server.running_pid(), held.getsockname()[1], *manager.worker_pids.values(), flush=True)
+        held.close()
+        input()  # until the test has looked
+        manager.close()
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env", ["python", "build"])
+def test_a_python_envs_fork_server_is_a_fork_of_the_trainer_that_keeps_none_of_its_descriptors(
+    tmp_path, goal_build, env
+):
+    """NOTE [ A fork server forked from the trainer ]: a Python env's workers inherit what the
+    trainer imported, as upstream's forked workers do; a build's fork server stays a fresh
+    interpreter, so its workers stay free of the trainer's torch."""
+    script = tmp_path / "trainer.py"
+    script.write_text(FORKING_TRAINER)
+    build = str(goal_build) if env == "build" else ""
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), build, str(free_port_block(4))], cwd=tmp_path,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        server, port, *workers = map(int, trainer.stdout.readline().split())
+        assert len(workers) == 2 and psutil.Process(server).ppid() == trainer.pid
+        assert {psutil.Process(pid).ppid() for pid in workers} == {server}
+        forked = psutil.Process(server).cmdline() == psutil.Process(trainer.pid).cmdline()
+        assert forked == (env == "python")
+        assert all(maps_torch(pid) == forked for pid in [server, *workers])
+        # the trainer closed its listening socket: had the server or a worker kept it, the port
+        # would still be taken
+        socket.create_server(("127.0.0.1", port)).close()
+        trainer.kill()  # the fork server ends when its trainer does, and the workers with it
+        trainer.wait()
+        assert alive_after([server, *workers], 10.0) == []
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
 
 
 @pytest.mark.fast

@@ -58,6 +58,16 @@ def ray_manager(ray_cluster):
 
 
 @pytest.mark.timeout(120)
+def test_a_ray_driver_is_not_forked_into_a_fork_server(ray_manager):
+    """It runs Ray's threads (NOTE [ A fork server forked from the trainer ]): a Python env's
+    manager that it builds gets a fresh fork server; its actors get one of their own."""
+    from mlagents_plugin.local import fork_server
+
+    ray_manager(make_factory(SimpleEnvironment)).reset()
+    assert not fork_server._can_fork_here()
+
+
+@pytest.mark.timeout(120)
 def test_actor_death_is_a_worker_death_naming_the_actor(ray_manager):
     run_options = RunOptions()
     run_options.env_settings.max_lifetime_restarts = 0  # no restart: the death surfaces

@@ -73,6 +73,9 @@ class BackendSetup(NamedTuple):
     # Where the workers run, as a Placement says it after the worker id and pid: node address,
     # node id, hosting actor's pid (a Ray actor's process backend names its node and itself).
     host: Tuple[str, Optional[str], Optional[int]] = ("localhost", None, None)
+    # Whether the process the backend runs in may be forked to make workers from (not a Ray
+    # worker, whose threads a fork would copy: NOTE [ A fork server forked from the trainer ]).
+    forkable: bool = True
 
 
 class Backend(abc.ABC):

@@ -58,7 +58,8 @@ class ProcessBackend(Backend):
         settings = setup.settings
         self._context = multiprocessing.get_context(settings.start_method)
         if settings.start_method == "forkserver":  # NOTE [ Worker start-up ]
-            fork_server.set_preload(factories.modules_to_load(setup.pickled_env_factory))
+            modules = factories.modules_to_load(setup.pickled_env_factory)
+            fork_server.set_preload(modules, may_fork_this_process=setup.forkable)
         token = secrets.token_hex(4)
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
         self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None

@@ -1,13 +1,15 @@
 """multiprocessing's fork server as the workers need it: preloading what they import, on the
-trainer's sys.path (NOTE [ Worker start-up ] in worker.py). The fork server imports this module
-first, and its import applies that sys.path there and loads the env factory's modules
+trainer's sys.path (NOTE [ Worker start-up ] in worker.py), or a fork of the trainer, which has
+imported it all (NOTE [ A fork server forked from the trainer ]). A fresh fork server imports this
+module first, and its import applies that sys.path there and loads the env factory's modules
 (NOTE [ The fork server's sys.path ])."""
 import contextlib
 import json
 import multiprocessing.forkserver
 import os
 import sys
-from typing import Iterator, List, Optional
+import threading
+from typing import Any, Iterator, List, Optional
 
 # NOTE [ The fork server's sys.path ]
 # multiprocessing hands the fork server the trainer's sys.path and then, in every Python from
@@ -24,6 +26,8 @@ from typing import Iterator, List, Optional
 TRAINER_ENV = "MLAGENTS_PLUGIN_FORK_SERVER"
 
 _factory_modules: List[str] = []  # in the trainer: what the next server start preloads
+_fork_this_process = False  # in the trainer: whether the next server start forks it
+_UNITY_MODULE = "mlagents_envs.environment"  # in a factory's modules: it makes Unity environments
 
 
 def _load_what_the_trainer_passed() -> None:
@@ -42,12 +46,16 @@ def _load_what_the_trainer_passed() -> None:
 _load_what_the_trainer_passed()
 
 
-def set_preload(factory_modules: List[str]) -> None:
+def set_preload(factory_modules: List[str], may_fork_this_process: bool = False) -> None:
     """What the fork server imports before it forks a worker: what every worker imports and the
-    env factory's modules. Takes effect when the server starts; one that runs already is kept."""
+    env factory's modules; with ``may_fork_this_process``, the server may be a fork of this
+    process (NOTE [ A fork server forked from the trainer ]). Takes effect when the server
+    starts; one that runs already is kept."""
     from mlagents_plugin.local.worker import worker_preload
 
+    global _fork_this_process
     _factory_modules[:] = factory_modules
+    _fork_this_process = may_fork_this_process and _UNITY_MODULE not in factory_modules
     multiprocessing.forkserver.set_forkserver_preload([__name__] + worker_preload())
 
 
@@ -56,9 +64,10 @@ _started_by: Optional[int] = None  # the pid of the process that started the for
 
 def ensure_running() -> None:
     """Start the fork server once per process: on the trainer's sys.path, with a socket path
-    that fits, and with SIGINT and SIGHUP ignored (NOTE [ Trainer signals ]). Once it runs,
-    this does nothing (the environment is not touched while other threads may read it); a
-    server that died is started again by multiprocessing itself, with the next worker."""
+    that fits, and with SIGINT and SIGHUP blocked (NOTE [ Trainer signals ]); a fork of this
+    process where NOTE [ A fork server forked from the trainer ] says so. Once it runs, this does
+    nothing (the environment is not touched while other threads may read it); a server that
+    died is started again by multiprocessing itself, with the next worker."""
     global _started_by
     if _started_by == os.getpid():
         return
@@ -66,9 +75,65 @@ def ensure_running() -> None:
     from mlagents_plugin.local import processes
 
     processes.short_socket_dir()
-    with _sys_path_passed(), signals.children_ignore_interrupts():
-        multiprocessing.forkserver.ensure_running()
+    forked = _fork_this_process and _can_fork_here()
+    with signals.children_ignore_interrupts():
+        if sys.platform == "linux" and forked:
+            from mlagents_plugin.local.linux import forked_server
+
+            forked_server.start(_multiprocessings_server())
+        else:
+            with _sys_path_passed():
+                multiprocessing.forkserver.ensure_running()
     _started_by = os.getpid()
+
+
+def running_pid() -> Optional[int]:
+    """The pid of the fork server this process started, if it started one."""
+    pid: Optional[int] = _multiprocessings_server()._forkserver_pid
+    return pid
+
+
+# NOTE [ A fork server forked from the trainer ]
+# Upstream's workers are forks of the trainer: whatever the trainer imported, they have, and a
+# Python env module that imports torch costs them nothing. A fork server started fresh imports
+# that module once more, about a second of CPU before the first worker can start. So where the
+# trainer is a program of its own (a script, a test, a sweep) and the env is a Python env, the
+# fork server is a fork of the trainer, made before any worker: it has every module the trainer
+# has, and each worker is a fork of it, as under multiprocessing's own server. Elsewhere the
+# server is a fresh interpreter, as multiprocessing starts it:
+# - under mlagents-learn (plugin.py starts it as soon as the YAML is read, while the trainer
+#   still imports its stack): its workers need none of ML-Agents' trainers or torch;
+# - for Unity builds and the Editor (the factory makes UnityEnvironment): the same, and the
+#   player's start dwarfs the worker's;
+# - in a Ray actor or a Ray driver, and from any thread but the main one: a fork copies one
+#   thread of many (Ray's own, gRPC's, or the trainer's other Python threads);
+# - in a trainer that has used CUDA already: a fork cannot use it again (torch says so);
+# - on Python 3.14 and later, whose server takes an authentication key this does not pass;
+# - without the Linux hardening (the portable path, macOS, Windows), which the fork needs.
+# The fork keeps nothing of the trainer's but its memory (local/linux/forked_server.py says
+# how). Its command line is the trainer's, as a forked worker's is upstream; ``running_pid``
+# names it. What stays a risk is upstream's, once instead of at every worker start: a lock
+# another thread of the trainer held at the fork stays held in the server (Python 3.12 and 3.13
+# warn about any fork of a threaded process). The server runs only multiprocessing's loop, which
+# takes none of them. As for any fork server, the first manager of a process decides: later
+# ones, whatever their env, get their workers from the server that runs.
+def _multiprocessings_server() -> Any:
+    """multiprocessing's one ForkServer (a forked server takes over its private state)."""
+    return multiprocessing.forkserver._forkserver  # type: ignore[attr-defined,unused-ignore]  # on win32
+
+
+def _can_fork_here() -> bool:
+    """Where NOTE [ A fork server forked from the trainer ] allows the fork, the env aside."""
+    from mlagents_plugin.core import platform
+
+    torch, ray = sys.modules.get("torch"), sys.modules.get("ray")
+    return (
+        platform.hardened()
+        and sys.version_info < (3, 14)
+        and threading.current_thread() is threading.main_thread()
+        and not (torch is not None and torch.cuda.is_initialized())
+        and not (ray is not None and ray.is_initialized())
+    )
 
 
 @contextlib.contextmanager

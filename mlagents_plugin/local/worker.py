@@ -154,7 +154,9 @@ def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, W
 #    with all of it loaded, sharing those pages with its siblings. Under mlagents-learn the
 #    plugin starts the fork server as soon as it has read the YAML (plugin.py). The server
 #    imports them on the trainer's sys.path, which Python does not give it by itself
-#    (NOTE [ The fork server's sys.path ] in fork_server.py).
+#    (NOTE [ The fork server's sys.path ] in fork_server.py). For a Python env in a program of
+#    its own, the server is a fork of the trainer, which has imported them already (NOTE [ A
+#    fork server forked from the trainer ]).
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
     main = sys.modules["__main__"]

@@ -111,6 +111,7 @@ class EnvHostActor:
                 time.monotonic,
                 shared_memory=False,
                 host=(address, node_id, actor_pid),  # in its workers' labels
+                forkable=False,
             )
         )
         self._envs: Dict[int, WorkerRef] = {}  # the live incarnations, as the actor tells its backend
