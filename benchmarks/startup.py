@@ -1,11 +1,13 @@
 """What a worker costs before it steps: start-up (manager built to the first reset answered by
-every worker) and memory per worker, ours (forkserver) against upstream (fork), for Python envs
+every worker) and memory per worker, ours (forkserver: for Python envs a fork of the trainer,
+for builds a fresh interpreter) against upstream (fork), for Python envs
 and player builds, at 1, 4, 8 and 16 workers; and as on macOS and Windows, where both spawn their
 workers: ours on the portable path against upstream with spawn (docs/platforms.md).
 
 Each measurement runs in a fresh trainer process that has imported what ``mlagents-learn`` has
 (ML-Agents' trainers, torch) and whose run options name a PPO behaviour, as ``mlagents-learn``'s
-do. ``cold`` is the first manager of that process (ours then also starts its fork server);
+do. ``cold`` is the first manager of that process (ours then also starts its fork server,
+NOTE [ A fork server forked from the trainer ]);
 ``warm`` a second one in the same process. Memory is read after 50 steps: USS (what the worker
 alone holds) and PSS (its share of what it shares with its siblings and its parent), beside a
 bare process that imported mlagents-envs.
@@ -44,7 +46,6 @@ def _child(which: str, env: str, n_env: int) -> Dict:
     from mlagents.trainers.settings import RunOptions, TrainerSettings
     from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 
-    from mlagents_plugin.core.settings import EnvManagerSettings
     from mlagents_plugin.local.supervisor import SupervisedEnvManager
     from mlagents_plugin.player.build import make_build
     from mlagents_plugin.testing import SimpleEnvironment, make_factory
@@ -72,9 +73,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
         results = {}
         for attempt in ("cold", "warm"):
             started = time.perf_counter()
-            if which == "ours fork":  # the setting for many short runs (docs/benchmarks.md)
-                manager = SupervisedEnvManager(factory, run_options, n_env, EnvManagerSettings(start_method="fork"))
-            elif which.startswith("ours"):
+            if which.startswith("ours"):
                 manager = SupervisedEnvManager(factory, run_options, n_env)
             else:
                 manager = SubprocessEnvManager(factory, run_options, n_env)
@@ -144,13 +143,11 @@ def run(quick: bool) -> List[Dict]:
         for env in QUICK_ENVS if quick else ENVS:
             for n_env in workers if pair == "linux" else (1,) if quick else workers[:3]:
                 runs: Dict[str, List[Dict]] = {ours: [], upstream: []}
-                if pair == "linux" and env == "torch":
-                    runs["ours fork"] = []
                 for _ in range(repeats):  # alternating, so all see the same machine
                     for which in runs:
                         runs[which].append(measure(which, env, n_env))
                 row = {"pair": pair, "env": env, "workers": n_env, "bare_mlagents_envs": bare}
-                names = {ours: "ours", upstream: "upstream", "ours fork": "ours_fork"}
+                names = {ours: "ours", upstream: "upstream"}
                 for which, measured in runs.items():
                     row[names[which]] = {key: statistics.median(m[key] for m in measured) for key in measured[0]}
                 print(row, flush=True)
@@ -185,23 +182,6 @@ def markdown(rows: List[Dict]) -> str:
             f"{ours['warm_uss_mb']:.1f} / {up['warm_uss_mb']:.1f} | "
             f"{ours['warm_pss_mb']:.1f} / {up['warm_pss_mb']:.1f} |"
         )
-    forked = [row for row in rows if "ours_fork" in row]
-    if forked:
-        out += [
-            "",
-            "With `start_method: fork` (workers forked from the trainer, as upstream's):",
-            "",
-            "| env | workers | start-up cold: ours fork / forkserver / upstream "
-            "| warm: ours fork / forkserver / upstream |",
-            "| --- | --- | --- | --- |",
-        ]
-        for row in forked:
-            figures = [row["ours_fork"], row["ours"], row["upstream"]]
-            out.append(
-                f"| {row['env']} | {row['workers']} | "
-                + " / ".join(f"{f['cold_startup_s']:.3f}" for f in figures) + " s | "
-                + " / ".join(f"{f['warm_startup_s']:.3f}" for f in figures) + " s |"
-            )
     return "\n".join(out)
 
 
