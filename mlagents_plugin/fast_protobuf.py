@@ -14,7 +14,8 @@
 # message through a pipe between its gRPC thread and its main thread).
 #
 # The finder must be in place before anything imports mlagents-envs, in the trainer, in every
-# worker (spawn and forkserver start fresh interpreters) and in the player. The one place that
+# worker (spawn starts fresh interpreters, and so does forkserver, unless its server is a fork
+# of the trainer, which has the finder already) and in the player. The one place that
 # runs that early in every interpreter is a ``.pth`` file in site-packages, which calls
 # ``install()``: the wheel carries it, and ``make install`` writes it for the editable checkout.
 # Loading this module costs nothing: protobuf is imported at the first intercepted import, and

@@ -309,8 +309,9 @@ FORKING_TRAINER = textwrap.dedent("""
         held = socket.create_server(("127.0.0.1", 0))  # the trainer's: no fork may keep it
         manager = SupervisedEnvManager(factory, RunOptions(), 2)
         manager.reset()
-        print(fork_server.running_pid(), held.getsockname()[1], *manager.worker_pids.values(), flush=True)
-        held.close()
+        port = held.getsockname()[1]
+        held.close()  # before the test binds the port again
+        print(fork_server.running_pid(), port, *manager.worker_pids.values(), flush=True)
         input()  # until the test has looked
         manager.close()
 """)

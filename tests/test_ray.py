@@ -60,7 +60,7 @@ def ray_manager(ray_cluster):
 @pytest.mark.timeout(120)
 def test_a_ray_driver_is_not_forked_into_a_fork_server(ray_manager):
     """It runs Ray's threads (NOTE [ A fork server forked from the trainer ]): a Python env's
-    manager that it builds gets a fresh fork server; its actors get one of their own."""
+    manager that it builds later gets a fresh fork server."""
     from mlagents_plugin.local import fork_server
 
     ray_manager(make_factory(SimpleEnvironment)).reset()

@@ -103,20 +103,22 @@ def running_pid() -> Optional[int]:
 # server is a fresh interpreter, as multiprocessing starts it:
 # - under mlagents-learn (plugin.py starts it as soon as the YAML is read, while the trainer
 #   still imports its stack): its workers need none of ML-Agents' trainers or torch;
-# - for Unity builds and the Editor (the factory makes UnityEnvironment): the same, and the
-#   player's start dwarfs the worker's;
-# - in a Ray actor or a Ray driver, and from any thread but the main one: a fork copies one
-#   thread of many (Ray's own, gRPC's, or the trainer's other Python threads);
+# - for Unity builds and the Editor (the pickled factory names UnityEnvironment, as
+#   mlagents-learn's ``create_environment_factory`` does): the same, and the player's start
+#   dwarfs the worker's (a factory of the user's own module that makes one inside is forked);
+# - in a Ray actor or a Ray driver, from any thread but the main one, and while the trainer runs
+#   other Python threads: a fork copies one thread of many, and a lock another held at that
+#   moment (a stream's, a logging handler's) would stay held in the server and in every worker
+#   forked from it, restarts included;
 # - in a trainer that has used CUDA already: a fork cannot use it again (torch says so);
 # - on Python 3.14 and later, whose server takes an authentication key this does not pass;
 # - without the Linux hardening (the portable path, macOS, Windows), which the fork needs.
 # The fork keeps nothing of the trainer's but its memory (local/linux/forked_server.py says
 # how). Its command line is the trainer's, as a forked worker's is upstream; ``running_pid``
-# names it. What stays a risk is upstream's, once instead of at every worker start: a lock
-# another thread of the trainer held at the fork stays held in the server (Python 3.12 and 3.13
-# warn about any fork of a threaded process). The server runs only multiprocessing's loop, which
-# takes none of them. As for any fork server, the first manager of a process decides: later
-# ones, whatever their env, get their workers from the server that runs.
+# names it. Threads of C libraries (torch starts one at import) are let be: they take none of
+# Python's locks, and upstream forks the trainer with them at every worker start (Python 3.12
+# and 3.13 warn about such a fork all the same). As for any fork server, the first manager of a
+# process decides: later ones, whatever their env, get their workers from the server that runs.
 def _multiprocessings_server() -> Any:
     """multiprocessing's one ForkServer (a forked server takes over its private state)."""
     return multiprocessing.forkserver._forkserver  # type: ignore[attr-defined,unused-ignore]  # on win32
@@ -131,6 +133,7 @@ def _can_fork_here() -> bool:
         platform.hardened()
         and sys.version_info < (3, 14)
         and threading.current_thread() is threading.main_thread()
+        and threading.active_count() == 1
         and not (torch is not None and torch.cuda.is_initialized())
         and not (ray is not None and ray.is_initialized())
     )

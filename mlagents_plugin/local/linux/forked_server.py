@@ -38,7 +38,12 @@ def start(server: Any) -> None:
             listener.listen()
             alive_r, alive_w = os.pipe()  # the server ends when every holder of alive_w has
             util._flush_std_streams()  # type: ignore[attr-defined]
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except BaseException:
+                os.close(alive_r)
+                os.close(alive_w)
+                raise
             if pid == 0:
                 _serve(server, listener.fileno(), alive_r)
             os.close(alive_r)
@@ -71,14 +76,22 @@ def _serve(server: Any, listener_fd: int, alive_r: int) -> NoReturn:
 
 
 def _point_inherited_descriptors_at_devnull(keep: Set[int]) -> None:
+    """Every inherited descriptor but ``keep`` becomes /dev/null; so does a closed 0, 1 or 2."""
     inherited = [int(name) for name in os.listdir("/proc/self/fd")]
-    devnull = os.open(os.devnull, os.O_RDWR)
+    devnull = os.open(os.devnull, os.O_RDWR)  # 0, 1 or 2 itself, if the trainer had closed it
+    for fd in (0, 1, 2):
+        if not _is_open(fd):
+            os.dup2(devnull, fd)
     for fd in inherited:
-        if fd in keep or fd == devnull:
-            continue
-        try:
-            os.fstat(fd)
-        except OSError:  # the listing's own descriptor, closed again
-            continue
-        os.dup2(devnull, fd, inheritable=False)
-    os.close(devnull)
+        if fd not in keep and fd != devnull and _is_open(fd):  # the listing's own is closed again
+            os.dup2(devnull, fd, inheritable=False)
+    if devnull not in (0, 1, 2):
+        os.close(devnull)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
