@@ -293,7 +293,7 @@ def test_an_env_module_found_on_the_trainers_sys_path_is_imported_once(tmp_path,
 
 
 FORKING_TRAINER = textwrap.dedent("""
-    import os, socket, sys
+    import inspect, os, socket, sys
     import torch  # as an env module's own imports would: a fork of the trainer has it already
     from mlagents.trainers.learn import create_environment_factory
     from mlagents.trainers.settings import RunOptions
@@ -302,8 +302,12 @@ FORKING_TRAINER = textwrap.dedent("""
     from mlagents_plugin.testing import make_factory
     if __name__ == "__main__":
         build, base_port = sys.argv[1], int(sys.argv[2])
-        if build:
-            factory = create_environment_factory(build, True, True, 0, 1, 60, base_port, [], os.getcwd())
+        if build:  # by keyword: ML-Agents 1.0.0's has no no_graphics_monitor
+            arguments = dict(env_path=build, no_graphics=True, seed=0, num_areas=1, timeout_wait=60,
+                             start_port=base_port, env_args=[], log_folder=os.getcwd())
+            if "no_graphics_monitor" in inspect.signature(create_environment_factory).parameters:
+                arguments["no_graphics_monitor"] = True
+            factory = create_environment_factory(**arguments)
         else:
             factory = make_factory()
         held = socket.create_server(("127.0.0.1", 0))  # the trainer's: no fork may keep it
