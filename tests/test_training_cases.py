@@ -48,14 +48,16 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_trains_with_batched_inference(env_manager_factory, case):
     """PPO on these toy envs fails to learn in about one run of 30 whatever the env manager: it
-    collapses onto one direction (measured on the visual case: 3 of 80 runs with a constant
-    learning rate, batched and per-worker alike; 1 of 30 with seed 1337 and the linear schedule,
-    the order in which workers answer being the rest of the randomness). So a second seed is
-    trained when the first does not learn. A manager that breaks training (actions to the wrong
-    worker, trajectories mixed up) fails both."""
+    learns, then collapses onto one direction (measured on the visual case: 3 of 80 runs with a
+    constant learning rate, batched and per-worker alike; with the linear schedule, 1 of 30 with
+    seed 1337 on Python 3.11's torch, and on Python 3.10's torch 2.14 1 of 40 seeds and 1 of 24
+    runs of seeds 1337 and 2024, the order in which workers answer being the rest of the
+    randomness). Two seeds both collapsed once in CI, so up to three seeds are trained, until one
+    learns. A manager that breaks training (actions to the wrong worker, trajectories mixed up)
+    fails all three."""
     env_kwargs, config = CASES[case]
     history = {}
-    for seed in (1337, 2024):
+    for seed in (1337, 2024, 7):
         manager = env_manager_factory(make_factory(SimpleEnvironment, **env_kwargs), 4)
         assert manager.settings.batch_inference
         result = train(manager, config, max_steps=MAX_STEPS.get(case, 3000), seed=seed)
