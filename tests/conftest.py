@@ -1,5 +1,6 @@
-"""Shared test plumbing: every test must leave no process, and no shared memory, behind; the
-Ray tests share one loopback Ray cluster, watched by netguard where it exists."""
+"""Shared test plumbing: every test must leave no process, and no shared memory, behind, and the
+run no fork server temp dir; the Ray tests share one loopback Ray cluster, watched by netguard
+where it exists."""
 import fcntl
 import importlib.util
 import os
@@ -119,6 +120,44 @@ def no_leftovers():
         os.unlink(os.path.join("/dev/shm", name))
     assert not described, f"processes left behind: {described}"
     assert not segments, f"shared memory left behind: {segments}"
+
+
+_SESSION_START = time.time()
+
+
+def abandoned_temp_dirs(since: float) -> List[str]:
+    """multiprocessing's temp dirs (``pymp-*``, where a fork server's socket lives) made since
+    ``since`` whose fork server is gone while the dir stays: only a living trainer removes its
+    own (at exit), and its reaper after a SIGKILL. A dir whose socket is still bound is in use."""
+    with open("/proc/net/unix") as f:
+        bound = {line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) > 7}
+    found = []
+    for root in {tempfile.gettempdir(), "/tmp"}:
+        for path in Path(root).glob("pymp-*"):
+            try:
+                sockets = [str(s) for s in path.glob("listener-*")]
+                if path.stat().st_mtime >= since and sockets and not bound.intersection(sockets):
+                    found.append(str(path))
+            except OSError:  # removed meanwhile
+                continue
+    return found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_sessionfinish(session):
+    """After the whole run (with xdist: in the controller, once its workers are gone): no test
+    may leave a fork server's temp dir behind. Each test process's own goes when it exits."""
+    yield
+    if hasattr(session.config, "workerinput"):
+        return
+    deadline = time.monotonic() + 10.0  # reapers and exiting processes finish their clean-up
+    while (left := abandoned_temp_dirs(_SESSION_START)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", f"fork server temp dirs left behind by the run: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -342,14 +342,18 @@ def test_the_next_run_sweeps_what_a_killed_trainer_and_its_killed_reaper_left(tm
     mlagents-envs launched would still die with their workers (NOTE [ Players die with their
     worker ]); what is left is what the sweep is for: players the env started itself, in
     sessions of their own and tagged with the dead trainer's pid, and the workers' shared
-    memory segments. The next run's first manager starts a reaper, which sweeps them."""
+    memory segments. The next run's first manager starts a reaper, which sweeps them. Not
+    multiprocessing's temp dir of the fork server's socket, which multiprocessing names at
+    random (docs/faults.md): the trainer makes it in a TMPDIR of its own, removed here."""
     script = tmp_path / "trainer.py"
     script.write_text(SWEEP_TRAINER_SCRIPT)
     pid_dir = tmp_path / "players"
     pid_dir.mkdir()
+    temp = tempfile.mkdtemp(prefix="mlap-t-")  # short: it holds the fork server's socket
     trainer = subprocess.Popen(
         [sys.executable, str(script), "leave", str(pid_dir)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "TMPDIR": temp},
     )
     owner, segment_prefix = processes.owner_prefix(trainer.pid), f"{wire.SEGMENT_PREFIX}{trainer.pid}_"
 
@@ -379,6 +383,7 @@ def test_the_next_run_sweeps_what_a_killed_trainer_and_its_killed_reaper_left(tm
         assert not alive_after(players, 0.0)
     finally:
         kill_what_is_left(trainer, players)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ what close says

@@ -93,10 +93,6 @@ class ProcessBackend(Backend):
             process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
         self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
-        if not self._workers and self._context.get_start_method() == "forkserver":
-            # the fork server's socket lives in multiprocessing's temp dir, which only an exit
-            # of this process removes: the reaper removes it after a SIGKILL too
-            self._hardening.remove_with_me(multiprocessing.util.get_temp_dir())
         placement = Placement(worker_id, process.pid, *self._host)
         label = worker_label(worker_id, process.pid, placement)
         self._workers[worker_id] = _Worker(process, conn, incarnation, label)

@@ -6,6 +6,7 @@ module first, and its import applies that sys.path there and loads the env facto
 import contextlib
 import json
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import sys
 import threading
@@ -71,10 +72,14 @@ def ensure_running() -> None:
     global _started_by
     if _started_by == os.getpid():
         return
-    from mlagents_plugin.core import signals
-    from mlagents_plugin.local import processes
+    from mlagents_plugin.core import platform, signals
+    from mlagents_plugin.local import hardening, processes
 
     processes.short_socket_dir()
+    # The server's socket lives in multiprocessing's temp dir, which only an exit of this process
+    # removes: the reaper removes it after a SIGKILL too. It is told before the dir can hold
+    # anything, as a kill can come at any moment (a Ray actor's, in the middle of a launch).
+    hardening.layer(platform.hardened()).remove_with_me(multiprocessing.util.get_temp_dir())
     forked = _fork_this_process and _can_fork_here()
     with signals.children_ignore_interrupts():
         if sys.platform == "linux" and forked:
