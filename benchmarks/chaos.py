@@ -144,7 +144,7 @@ def leftovers(trainer_pid: int, run_dir: Path, temp_dir: Path) -> Dict[str, list
     from mlagents_plugin.local import processes
 
     procs = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
-    for proc in psutil.process_iter():
+    for proc in processes.every_process():
         try:
             if str(run_dir) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
                 procs.add(proc.pid)

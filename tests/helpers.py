@@ -15,6 +15,7 @@ import yaml
 
 from mlagents_plugin.examples import config_file
 from mlagents_plugin.integration import rpc_server
+from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.testing.ports import free_port_block  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def step_until(manager, condition, within_s: float = 60.0) -> None:
 def processes_naming(path: Path) -> List[int]:
     """Live processes whose command line names ``path`` (players, envs of this test's folder)."""
     found = []
-    for proc in psutil.process_iter():
+    for proc in every_process():
         try:
             if str(path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc.pid)
@@ -143,7 +144,7 @@ def reaper_of(supervisor_pid: int) -> psutil.Process:
     deadline = time.monotonic() + 10  # a fresh reaper shows up at once; a loaded machine may lag
     while True:
         reapers = []
-        for proc in psutil.process_iter():
+        for proc in every_process():
             try:
                 command = proc.cmdline()
                 if command[3:4] == [reaper.__file__] and proc.status() != psutil.STATUS_ZOMBIE:

@@ -10,6 +10,7 @@ import psutil
 import pytest
 from helpers import finish, free_port_block, learn_command, run_learn, scalars, start_learn, wait_for_line, write_config
 
+from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.player.build import make_build
 
 pytestmark = pytest.mark.e2e
@@ -70,7 +71,7 @@ def restarts(tmp_path, cause, behavior="Goal"):
 def players_of(tmp_path):
     """Players logging into this test's results folder (their -logFile)."""
     found = []
-    for proc in psutil.process_iter():
+    for proc in every_process():
         try:
             cmdline = " ".join(proc.cmdline())
             if (

@@ -20,6 +20,7 @@ from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.settings import EnvManagerSettings
+from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.ray.manager import RayEnvManager
 from mlagents_plugin.testing import (
@@ -176,7 +177,7 @@ def _actor_pid(manager: RayEnvManager, worker_id: int) -> int:
 
 def _players_on(port: int):
     found = []
-    for proc in psutil.process_iter():
+    for proc in every_process():
         try:
             if f"--mlagents-port {port}" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc.pid)

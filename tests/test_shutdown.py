@@ -12,6 +12,7 @@ import psutil
 import pytest
 from helpers import step_until, wait_for_files
 
+from mlagents_plugin.local import processes
 from mlagents_plugin.testing import (
     HangingEnvironment,
     HardExitEnvironment,
@@ -178,6 +179,42 @@ def test_a_crashed_workers_player_is_killed(env_manager_factory, tmp_path):
     orphaned = first - {pid for pid in first if alive(pid)}
     assert len(orphaned) == 1, "the crashed worker's player must be gone, the other one alive"
     assert len([pid for pid in players(pid_dir) if alive(pid)]) == 2  # the new one runs
+
+
+def _start_with_pid(pid: int, command, env) -> subprocess.Popen:
+    """Start ``command`` as process ``pid`` (Linux: the next pid is set through ns_last_pid)."""
+    for _ in range(100):  # another process may take the pid first
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.fail(f"pid {pid} could not be had in 100 tries")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK), reason="setting the next pid needs Linux and root"
+)
+def test_a_player_whose_pid_came_back_is_found_and_killed():
+    """NOTE [ Pids come back ]: psutil's process_iter keeps a Process object per pid; once the
+    pid is a new process's and psutil has noticed, its next pass skips that pid. CI's pid_max is
+    32768: a player was left running that way after its worker died."""
+    earlier = subprocess.Popen(["sleep", "60"])
+    (stale,) = [p for p in psutil.process_iter() if p.pid == earlier.pid]  # psutil keeps it
+    earlier.kill()
+    earlier.wait()
+    time.sleep(0.05)  # psutil tells two processes of one pid apart by start time, in 1/100 s
+    tag = f"{processes.owner_prefix(os.getpid())}pidtest/1.0/"
+    player = _start_with_pid(earlier.pid, ["sleep", "60"], {**os.environ, processes.OWNER_ENV: tag})
+    try:
+        assert not stale.is_running()  # psutil notices the pid came back
+        assert [p.pid for p in processes.kill_leftovers(tag)] == [player.pid]
+        assert player.wait(timeout=5) is not None
+    finally:
+        player.kill()
+        player.wait()
 
 
 @pytest.mark.timeout(60)

@@ -10,6 +10,8 @@ import psutil
 import pytest
 from helpers import finish, learn_command, start_learn, wait_for_files, wait_for_line, write_config
 
+from mlagents_plugin.local.processes import every_process
+
 pytestmark = pytest.mark.e2e
 
 
@@ -32,7 +34,7 @@ def group_members(pgid: int, settle_s: float = 3.0):
     deadline = time.monotonic() + settle_s
     while True:
         members = []
-        for proc in psutil.process_iter():
+        for proc in every_process():
             try:
                 if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
                     members.append(proc.pid)

@@ -6,6 +6,8 @@ from typing import Any, List, Optional
 
 import psutil
 
+from mlagents_plugin.local.processes import every_process
+
 TAG_ENV = "COMPARE_FAULTS_TAG"  # inherited by every process a run starts
 
 
@@ -29,7 +31,7 @@ def living_process(pid: int) -> Optional[Any]:
 
 def tagged_processes(tag: str) -> List[Any]:
     found = []
-    for proc in psutil.process_iter():
+    for proc in every_process():
         try:
             if proc.environ().get(TAG_ENV) == tag and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)

@@ -31,7 +31,7 @@ import multiprocessing.util
 import os
 import signal
 import tempfile
-from typing import Iterable, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 import psutil
 from mlagents_envs import logging_util
@@ -93,11 +93,29 @@ def tag_this_process(tag: str) -> None:
     os.environ[OWNER_ENV] = tag
 
 
+# NOTE [ Pids come back ]
+# Linux hands out pids in turn up to pid_max (32768 on many machines, CI's included) and then
+# starts again from the bottom: on a busy machine a pid comes back within minutes. psutil's
+# ``process_iter`` keeps the Process object it made for each pid and hands it out again, so after
+# the pid came back it names a process that is gone: signals sent through it are refused ("PID
+# reused"), and once psutil has noticed, ``process_iter`` skips that pid in its next pass. A
+# player whose pid came back was left running that way after its worker died (the ladder's scan
+# skipped it; the close's scan found it). ``every_process`` makes a new Process object for each
+# pid on each pass instead: what it names is what runs now.
+def every_process() -> Iterator[psutil.Process]:
+    """Every process running now, each as a Process object made now (NOTE [ Pids come back ])."""
+    for pid in psutil.pids():
+        try:
+            yield psutil.Process(pid)
+        except psutil.Error:  # gone since the listing
+            continue
+
+
 def find_tagged(prefix: str) -> List[psutil.Process]:
     """Live processes whose owner tag starts with ``prefix``, this process excluded."""
     found = []
     me = os.getpid()
-    for proc in psutil.process_iter():
+    for proc in every_process():
         if proc.pid == me:
             continue
         try:
