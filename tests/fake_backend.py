@@ -134,7 +134,7 @@ class _FakeWorker:
 
     def _step_reply(self, command: EnvironmentCommand) -> Reply:
         results = {name: self.env.get_steps(name) for name in self.env.behavior_specs}
-        payload = StepPayload(self.encoder.encode(results), {}, None, None)
+        payload = StepPayload(self.encoder.encode(results), {}, None, None, self.behavior.step_s)
         return self._reply(command, payload)
 
     def _reply(self, command: EnvironmentCommand, payload: object) -> Reply:

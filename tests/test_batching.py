@@ -2,6 +2,7 @@
 what a call of its own would have given. Process-free: real policies, real envs, in this process;
 the manager's side on the fake backend (tests/fake_backend.py)."""
 import copy
+from typing import List
 
 import numpy as np
 import pytest
@@ -13,7 +14,9 @@ from mlagents.trainers.torch_entities.networks import SimpleActor
 from mlagents_envs.base_env import DecisionSteps
 
 from mlagents_plugin.core import batching
+from mlagents_plugin.core.lifecycle import WorkerState
 from mlagents_plugin.core.manager import SupervisedManagerBase
+from mlagents_plugin.core.protocol import EnvironmentCommand
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
@@ -144,37 +147,116 @@ def test_only_ml_agents_own_get_action_is_batched():
 
 
 class CountingPolicy:
-    """Counts a TorchPolicy's forward passes."""
+    """Counts a TorchPolicy's forward passes; each takes ``pass_s`` of the fake clock."""
 
-    def __init__(self, policy: TorchPolicy):
+    def __init__(self, policy: TorchPolicy, clock: FakeClock, pass_s: float = 0.0):
         self.calls = 0
         evaluate = policy.evaluate
 
         def counted(*args, **kwargs):
             self.calls += 1
+            clock.now += pass_s
             return evaluate(*args, **kwargs)
 
         policy.evaluate = counted
+
+
+def fake_manager(script, n_env: int, clock: FakeClock, **settings) -> SupervisedManagerBase:
+    return SupervisedManagerBase(
+        make_factory(SimpleEnvironment, num_agents=2), RunOptions(), n_env,
+        EnvManagerSettings(**settings), FakeBackend.of(script), clock,
+    )
 
 
 @pytest.mark.parametrize("batch_inference, evaluations_per_round", [(True, 1), (False, 4)])
 def test_workers_ready_together_share_one_forward_pass(batch_inference, evaluations_per_round):
     clock = FakeClock()
     script = lambda worker_id, incarnation: Behavior(step_s=0.01)  # all four answer in the same wait
-    manager = SupervisedManagerBase(
-        make_factory(SimpleEnvironment, num_agents=2), RunOptions(), 4,
-        EnvManagerSettings(batch_inference=batch_inference), FakeBackend.of(script), clock,
-    )
+    manager = fake_manager(script, 4, clock, batch_inference=batch_inference)
     try:
         manager.reset()
         spec = manager.training_behaviors["Simple"]
         policy = make_policy(spec, deterministic=False)
-        counter = CountingPolicy(policy)
+        counter = CountingPolicy(policy, clock)
         manager.set_policy("Simple", policy)
         stepped = 0
         for _ in range(10):
             stepped += len(manager.get_steps())
         assert stepped == 40  # every round: all four workers
-        assert counter.calls == 10 * evaluations_per_round
+        # 11 rounds of actions: the last round's went out with its steps (NOTE [ Actions as steps land ])
+        assert counter.calls == 11 * evaluations_per_round
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize("late_s, batches", [(0.004, [4] * 8), (1.0, [3] * 8)])
+def test_workers_due_within_a_pass_are_waited_for(late_s, batches):
+    """NOTE [ Gathering a batch ]: a pass takes 5 ms; worker 3's steps take ``late_s`` longer
+    than the others' 10 ms. 4 ms later, it is waited for and one pass serves all four; 1 s
+    later, it is not (it comes once a second, alone)."""
+    clock = FakeClock()
+    script = lambda worker_id, incarnation: Behavior(step_s=0.01 + (late_s if worker_id == 3 else 0.0))
+    manager = fake_manager(script, 4, clock)
+    try:
+        manager.reset()
+        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
+        CountingPolicy(policy, clock, pass_s=0.005)
+        manager.set_policy("Simple", policy)
+        for _ in range(6):  # the workers report their step times, the trainer learns its pass's
+            manager.get_steps()
+        assert [len(manager.get_steps()) for _ in batches] == batches
+    finally:
+        manager.close()
+
+
+def sent_steps(manager: SupervisedManagerBase) -> List[int]:
+    backend = manager._backend
+    assert isinstance(backend, FakeBackend)
+    return [worker_id for worker_id, command, _ in backend.deliveries if command is EnvironmentCommand.STEP]
+
+
+@pytest.mark.parametrize(
+    "memory, early_actions, early",
+    [(None, True, True), (None, False, False), (LSTM, True, False)],
+    ids=["feedforward", "early_actions-false", "recurrent"],
+)
+def test_actions_go_out_as_steps_land_except_for_recurrent_policies(memory, early_actions, early):
+    """NOTE [ Actions as steps land ]: the workers whose steps get_steps returns are already
+    stepping again, with the actions the policy gives those steps; the steps carry the actions
+    that led to them. A recurrent policy, or early_actions: false, keeps upstream's order."""
+    clock = FakeClock()
+    manager = fake_manager(lambda worker_id, incarnation: Behavior(step_s=0.01), 2, clock, early_actions=early_actions)
+    try:
+        manager.reset()
+        policy = make_policy(manager.training_behaviors["Simple"], deterministic=True, memory=memory)
+        manager.set_policy("Simple", policy)
+        manager.get_steps()
+        steps = manager.get_steps()
+        assert sorted(s.worker_id for s in steps) == [0, 1]
+        assert len(sent_steps(manager)) == (6 if early else 4)  # early: 2 rounds ahead of the trainer's 2
+        assert all(slot.state is (WorkerState.BUSY if early else WorkerState.IDLE) for slot in manager._slots)
+        for step in steps:  # the actions that led to the step, not the ones just sent
+            sent = manager._slots[step.worker_id].previous_all_action_info["Simple"]
+            assert (step.brain_name_to_action_info["Simple"] is not sent) == early
+        if early:  # what was sent answers the steps returned: what the policy gives them
+            alone = twin(policy)
+            for step in steps:
+                sent = manager._slots[step.worker_id].previous_all_action_info["Simple"]
+                decision_steps = step.current_all_step_result["Simple"][0]
+                expected = alone.get_action(decision_steps, step.worker_id)
+                np.testing.assert_array_equal(sent.env_action.discrete, expected.env_action.discrete)
+    finally:
+        manager.close()
+
+
+def test_a_behaviour_without_a_policy_yet_waits_for_the_trainer():
+    """Its step is answered once the trainer has made the policy, at the next get_steps."""
+    clock = FakeClock()
+    manager = fake_manager(lambda worker_id, incarnation: Behavior(step_s=0.01), 2, clock)
+    try:
+        manager.reset()
+        steps = manager.get_steps()  # the reset's steps, stepped without actions: no policy
+        assert all(slot.state is WorkerState.IDLE for slot in manager._slots)
+        assert len(steps) == 2 and sent_steps(manager) == [0, 1]
     finally:
         manager.close()

@@ -2,14 +2,22 @@
 backend (on the session's loopback Ray). Backend-specific behaviour stays in test_supervisor.py,
 test_faults.py, test_real_faults.py (processes, signals, the close ladder) and test_ray.py
 (actors, nodes, placement)."""
+import collections
 import os
 import signal
 import time
+from typing import Dict, List, Tuple
 
+import numpy as np
 import psutil
 import pytest
+import torch
 from helpers import KillOnceBusy, alive_after, step_until
-from mlagents.trainers.settings import ConstantSettings
+from mlagents.trainers.agent_processor import AgentManager
+from mlagents.trainers.policy.torch_policy import TorchPolicy
+from mlagents.trainers.settings import ConstantSettings, NetworkSettings
+from mlagents.trainers.stats import StatsReporter
+from mlagents.trainers.torch_entities.networks import SimpleActor
 from mlagents_envs.exception import UnityCommunicationException
 
 from mlagents_plugin.core.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
@@ -92,6 +100,51 @@ def describe(pid: int) -> str:
 def test_ppo_trains(manager_of, num_envs):
     manager = manager_of(make_factory(SimpleEnvironment), num_envs)
     check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
+
+
+def experiences(manager, policy, env_steps: int) -> Dict[str, List[Tuple]]:
+    """TrainerController's loop, its trainer never updating: every agent's experiences, in order."""
+    agents = AgentManager(policy, "Simple", StatsReporter("contract-test"), 8, threaded=False)
+    manager.set_agent_manager("Simple", agents)
+    manager.set_policy("Simple", policy)
+    seen: Dict[str, List[Tuple]] = collections.defaultdict(list)
+    stepped = 0
+    while stepped < env_steps:
+        steps = manager.get_steps()
+        stepped += len(steps)
+        manager.process_steps(steps)
+        while not agents.trajectory_queue.empty():
+            trajectory = agents.trajectory_queue.get_nowait()
+            seen[trajectory.agent_id] += [
+                (e.obs[0], e.action.continuous, e.action.discrete, e.reward, e.done) for e in trajectory.steps
+            ]
+    return seen
+
+
+@pytest.mark.timeout(180)
+def test_actions_sent_as_steps_land_leave_every_experience_as_it_was(manager_of):
+    """NOTE [ Actions as steps land ]: with a deterministic policy that is not updated, every
+    agent's experiences are the same as in upstream's order (``early_actions: false``)."""
+    factory = make_factory(SimpleEnvironment, num_agents=2, action="hybrid")
+    runs = {}
+    for early_actions in (False, True):
+        manager = manager_of(factory, 3, early_actions=early_actions)
+        manager.reset()
+        torch.manual_seed(0)  # the same weights in both runs
+        policy = TorchPolicy(
+            0, manager.training_behaviors["Simple"], NetworkSettings(deterministic=True), SimpleActor,
+            {"conditional_sigma": False, "tanh_squash": False},
+        )
+        runs[early_actions] = experiences(manager, policy, 3 * 80)
+        manager.close()
+    assert runs[False].keys() == runs[True].keys() == {f"agent_{w}-{a}" for w in range(3) for a in range(2)}
+    for agent, upstream_order in runs[False].items():
+        early = runs[True][agent]
+        common = min(len(upstream_order), len(early))
+        assert common >= 40, (agent, len(upstream_order), len(early))  # two trajectories of 8 and more
+        for a, b in zip(upstream_order[:common], early[:common], strict=True):
+            for x, y in zip(a, b, strict=True):
+                np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.timeout(120)

@@ -92,6 +92,10 @@ class Backend(abc.ABC):
     def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
         """Send a packed request (``command``) to the worker; never raise if it is gone."""
 
+    def send_now(self) -> None:  # noqa: B027 (a hook for backends whose deliver only queues)
+        """Send what was delivered without waiting for the next ``wait``: the trainer is about to
+        do its own work (NOTE [ Actions as steps land ] in manager.py)."""
+
     @abc.abstractmethod
     def wait(self, timeout: float) -> List[Event]:
         """Wait up to ``timeout`` seconds for replies and deaths; never longer."""

@@ -11,13 +11,12 @@
 # holds what a call of its own would have held, in shape and content: a deterministic policy
 # gives identical actions; a stochastic one samples from the same distributions.
 #
-# What forms a batch: the workers that are idle when the trainer asks for steps, that is every
-# reply that came in during one wait of the manager (``Backend.wait`` hands over all that are
-# ready by then). No wait is added to form a batch: where the trainer is the bottleneck, many
-# replies are in by the time it asks again; where the envs are, workers step as soon as they
-# answer, as without batching. Policies that change ``get_action`` (not ML-Agents' TorchPolicy
-# path) are called per worker, as is every behaviour when ``env_manager.batch_inference`` is
-# false.
+# What forms a batch: the workers whose replies are in when the manager computes actions, that
+# is every reply that came in during its waits (``Backend.wait`` hands over all that are ready
+# by then), and the workers still stepping whose replies were due within one forward pass, for
+# which it waited (NOTE [ Gathering a batch ] in gathering.py). Policies that change
+# ``get_action`` (not ML-Agents' TorchPolicy path) are called per worker, as is every behaviour
+# when ``env_manager.batch_inference`` is false.
 """
 from typing import Any, List, Sequence, Tuple
 

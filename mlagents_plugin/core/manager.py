@@ -31,6 +31,7 @@ from mlagents_plugin.core.errors import (
     error_from_stop,
     exception_from_envelope,
 )
+from mlagents_plugin.core.gathering import Gathering
 from mlagents_plugin.core.lifecycle import CHECK_INVARIANTS, Reason, Slot, WorkerState
 from mlagents_plugin.core.names import command_name
 from mlagents_plugin.core.placement import Placement
@@ -110,6 +111,7 @@ class SupervisedManagerBase(EnvManager):
         self._decoders = Decoders()
         self._failures: List[BaseException] = []  # of the wait being handled: _pump raises the first
         self._health = HealthStats(n_env, clock)
+        self._gathering = Gathering(n_env)  # NOTE [ Gathering a batch ]
         self._closed = False
         self._interrupts_before = signals.interrupts()  # NOTE [ Trainer signals ]: a lost one is raised again
         self._backend = backend(
@@ -128,9 +130,14 @@ class SupervisedManagerBase(EnvManager):
     def _step(self) -> List[EnvironmentStep]:
         signals.raise_if_lost(self._interrupts_before)
         if not self._completed:  # else: steps of a wait that raised, returned first
-            self._queue_steps()
+            self._queue_steps(self._idle())
         while not self._completed:  # one wait returns every worker that is ready by then
             self._pump()
+        if self.settings.batch_inference:
+            self._gather()
+        if self.settings.early_actions:  # before the steps are handed over: a raise keeps them
+            self._queue_steps([slot for slot in self._idle() if self._acts_early(slot)])
+            self._backend.send_now()
         steps, self._completed = self._completed, []
         return self._with_health_stats(steps)
 
@@ -285,13 +292,60 @@ class SupervisedManagerBase(EnvManager):
 
     # ------------------------------------------------------------------------ stepping
 
-    def _queue_steps(self) -> None:
-        idle = [slot for slot in self._slots if slot.state is WorkerState.IDLE]
-        if self.settings.batch_inference and len(idle) > 1:
-            actions = self._take_steps([_last_step(slot) for slot in idle])
+    # NOTE [ Actions as steps land ]
+    # ML-Agents' loop is ``get_steps`` (the actions of the workers whose steps it returned last
+    # time are computed and sent, then it waits for steps), ``process_steps`` (the steps go into
+    # the AgentManagers), then the trainer's ``advance`` (trajectories, updates). A worker whose
+    # step was returned sits idle through all of that; only workers still stepping overlap with
+    # it. With ``early_actions`` (the default), ``get_steps`` computes and sends the next actions
+    # for the steps it returns before it returns them, so the envs step while the trainer works.
+    # What the actions are computed from does not change (each step's own observations), nor
+    # what the AgentManager gets (the ActionInfo that led to the step). What changes is the
+    # policy they come from: the one before the round's update, not after it, as upstream's
+    # workers that are still stepping during an update get theirs. PPO keeps the log-probs of the
+    # actions as taken, so its ratios stay right. Two kinds of step keep upstream's order:
+    # - a recurrent policy's: computing actions saves the agents' memories (``save_memories``)
+    #   and the AgentManager then reads the previous ones for the step it adds, and forgets an
+    #   ended episode's, so that the agent's next action starts from none;
+    # - a behaviour's without a policy yet: the trainer makes it after it has seen the step.
+
+    def _idle(self) -> List[Slot]:
+        return [slot for slot in self._slots if slot.state is WorkerState.IDLE]
+
+    def _acts_early(self, slot: Slot) -> bool:
+        """May the slot's next actions be sent before its step is returned (NOTE [ Actions as steps land ])?"""
+        names = _last_step(slot).current_all_step_result
+        return all(name in self.policies and not self.policies[name].use_recurrent for name in names)
+
+    def _gather(self) -> None:
+        """Wait for the workers still stepping whose replies are due within one forward pass
+        (NOTE [ Gathering a batch ] in gathering.py)."""
+        stepping = [
+            (slot.worker_id, slot.sent_at)
+            for slot in self._slots
+            if slot.state is WorkerState.BUSY and slot.awaiting is EnvironmentCommand.STEP
+        ]
+        if not stepping:
+            return
+        until, due = self._gathering.wait_until(stepping, self._watched.now())
+        while any(self._slots[worker_id].state is WorkerState.BUSY for worker_id in due):
+            left_s = until - self._watched.now()
+            if left_s <= 0:
+                return
+            self._pump(left_s)
+
+    def _queue_steps(self, slots: List[Slot]) -> None:
+        """Compute the slots' next actions and send them."""
+        if not slots:
+            return
+        started = self._clock()
+        if self.settings.batch_inference and len(slots) > 1:
+            actions = self._take_steps([_last_step(slot) for slot in slots])
         else:
-            actions = [self._take_step(_last_step(slot)) for slot in idle]
-        for slot, all_action_info in zip(idle, actions, strict=True):
+            actions = [self._take_step(_last_step(slot)) for slot in slots]
+        if self.settings.batch_inference:
+            self._gathering.passed(self._clock() - started)
+        for slot, all_action_info in zip(slots, actions, strict=True):
             slot.previous_all_action_info = all_action_info
             env_actions = {
                 name: info.env_action
@@ -409,15 +463,16 @@ class SupervisedManagerBase(EnvManager):
                 f"{type(self).__name__} and create a new one."
             )
 
-    def _pump(self) -> None:
-        """Wait once (bounded) for replies, deaths and deadlines, and handle every one of them;
-        then raise the first error that must reach the trainer (NOTE [ A wait is handled whole ])."""
+    def _pump(self, limit_s: float = MAX_WAIT_S) -> None:
+        """Wait once (at most ``limit_s``) for replies, deaths and deadlines, and handle every one
+        of them; then raise the first error that must reach the trainer (NOTE [ A wait is handled
+        whole ])."""
         self._check_usable()
         self._watched.entered()
         failures: List[BaseException] = []
         self._failures = failures
         try:
-            bound_s, started = self._time_to_next_deadline(), self._clock()
+            bound_s, started = min(limit_s, self._time_to_next_deadline()), self._clock()
             events = self._backend.wait(bound_s)
             self._watched.waited(bound_s, started)
             for event in events:
@@ -475,6 +530,7 @@ class SupervisedManagerBase(EnvManager):
                 slot.previous_all_action_info = {}
             else:
                 self._health.stepped(slot.worker_id, self._watched.now() - slot.sent_at)
+                self._gathering.stepped(slot.worker_id, payload.step_s)
             step = EnvironmentStep(
                 self._decoders.decode(slot.worker_id, payload.all_step_result),
                 slot.worker_id,

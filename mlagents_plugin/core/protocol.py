@@ -112,13 +112,15 @@ class StepPayload(NamedTuple):
 
     ``all_step_result`` is encoded (wire.py, NOTE [ Step wire format ]). ``behavior_specs`` is
     only set when the env reports behaviours it had not reported before, and ``timer_root`` only
-    about once a second: neither is sent on every step.
+    about once a second: neither is sent on every step. ``step_s`` is how long the worker spent
+    on the request, from reading it to replying (NOTE [ Gathering a batch ] in gathering.py).
     """
 
     all_step_result: EncodedSteps
     environment_stats: Dict[str, Any]
     behavior_specs: Optional[Dict[str, Any]] = None
     timer_root: Any = None
+    step_s: float = 0.0
 
 
 class ExceptionEnvelope(NamedTuple):
@@ -155,7 +157,7 @@ def pack(message: Union[EnvironmentRequest, EnvironmentResponse]) -> bytes:
     payload = message.payload
     if isinstance(payload, StepPayload):
         stats = {k: [(value, method.value) for value, method in v] for k, v in payload.environment_stats.items()}
-        payload = (tuple(payload.all_step_result), stats, payload.behavior_specs, payload.timer_root)
+        payload = (tuple(payload.all_step_result), stats, payload.behavior_specs, payload.timer_root, payload.step_s)
     elif message.cmd is EnvironmentCommand.STEP and isinstance(message, EnvironmentRequest):
         payload = {name: (_raw(a.continuous), _raw(a.discrete)) for name, a in payload.items()}
     return pickle.dumps(
@@ -183,9 +185,9 @@ def unpack_response(data: bytes) -> EnvironmentResponse:
     command, worker_id, incarnation, payload = pickle.loads(data)
     command = _COMMANDS[command]
     if command in _STEP_RESULTS:
-        encoded, stats, specs, timer_root = payload
+        encoded, stats, specs, timer_root, step_s = payload
         stats = {k: [(value, StatsAggregationMethod(m)) for value, m in v] for k, v in stats.items()}
-        payload = StepPayload(EncodedSteps(*encoded), stats, specs, timer_root)
+        payload = StepPayload(EncodedSteps(*encoded), stats, specs, timer_root, step_s)
     return EnvironmentResponse(command, worker_id, incarnation, payload)
 
 

@@ -206,6 +206,8 @@ class EnvManagerSettings:
     ray: RaySettings = attr.ib(factory=RaySettings, converter=_ray_settings)
     # one forward pass per behaviour for all workers ready together (NOTE [ Batched inference ])
     batch_inference: bool = attr.ib(default=True, validator=_flag)
+    # a worker's next actions are sent as soon as its step lands (NOTE [ Actions as steps land ])
+    early_actions: bool = attr.ib(default=True, validator=_flag)
     # where each worker's gRPC server for its Unity build listens (NOTE [ Loopback only ] in
     # integration/rpc_server.py): loopback, all (as mlagents-envs), or loopback and one address
     listen: str = attr.ib(

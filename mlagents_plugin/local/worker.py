@@ -288,18 +288,20 @@ class _Worker:
     def _serve(self) -> None:
         assert self.env is not None  # _build_env made it
         while True:
-            request = unpack_request(self.conn.recv_bytes())
+            data = self.conn.recv_bytes()
+            started = time.perf_counter()
+            request = unpack_request(data)
             self.command = request.cmd
             if request.cmd == EnvironmentCommand.STEP:
                 with self.players.env_call():
                     for behavior_name, env_action in request.payload.items():
                         self.env.set_actions(behavior_name, env_action)
                     self.env.step()
-                self.send(EnvironmentCommand.STEP, self._step_payload())
+                self.send(EnvironmentCommand.STEP, self._step_payload(started))
             elif request.cmd == EnvironmentCommand.RESET:
                 with self.players.env_call():
                     self.env.reset()
-                self.send(EnvironmentCommand.RESET, self._step_payload())
+                self.send(EnvironmentCommand.RESET, self._step_payload(started))
             elif request.cmd == EnvironmentCommand.ENVIRONMENT_PARAMETERS:
                 for method, args in request.payload:
                     if method not in PARAMETER_METHODS:
@@ -320,7 +322,8 @@ class _Worker:
                 )
             self.command = None
 
-    def _step_payload(self) -> StepPayload:
+    def _step_payload(self, started: float) -> StepPayload:
+        """The env's step results; ``started``: when the request was read (``perf_counter``)."""
         env = self.env
         assert env is not None
         failed_before = self.encoder.shared_memory_failed
@@ -336,6 +339,7 @@ class _Worker:
             self.stats_channel.get_and_reset_stats(),
             self._new_behavior_specs(),
             self._timers_if_due(),
+            time.perf_counter() - started,
         )
 
     def _new_behavior_specs(self) -> Optional[Dict[str, Any]]:

@@ -368,6 +368,11 @@ class RayBackend(Backend):
 
     # ------------------------------------------------------------------------- events
 
+    def send_now(self) -> None:
+        """Each host whose actor has no call in flight sends what it has now (NOTE [ Hosts ])."""
+        for host in self._hosts:
+            host.call_if_due(self._clock())
+
     def wait(self, timeout: float) -> List[Event]:
         """Send each host what it has (NOTE [ Hosts ]), then block in ``ray.wait`` on every
         call in flight (no polling on this side)."""
