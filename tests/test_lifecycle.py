@@ -133,7 +133,7 @@ def test_a_message_sent_while_a_step_is_outstanding_is_delivered_as_itself(harne
     the replies an env owes by it: a parameter change mid-step was counted as a STEP)."""
     h = harness(n_env=2)
     h.manager.reset()
-    h.manager._queue_steps(h.manager._idle())
+    h.manager._queue_steps()
     h.manager.set_env_parameters({})
     assert [c for _, c, _ in h.backend.deliveries[-2:]] == [EnvironmentCommand.ENVIRONMENT_PARAMETERS] * 2
     assert all(s.awaiting is EnvironmentCommand.STEP for s in h.manager._slots)

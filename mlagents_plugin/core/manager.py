@@ -130,7 +130,7 @@ class SupervisedManagerBase(EnvManager):
     def _step(self) -> List[EnvironmentStep]:
         signals.raise_if_lost(self._interrupts_before)
         if not self._completed:  # else: steps of a wait that raised, returned first
-            self._queue_steps(self._idle())
+            self._queue_steps()
         while not self._completed:  # one wait returns every worker that is ready by then
             self._pump()
         if self.settings.batch_inference:
@@ -334,8 +334,9 @@ class SupervisedManagerBase(EnvManager):
                 return
             self._pump(left_s)
 
-    def _queue_steps(self, slots: List[Slot]) -> None:
-        """Compute the slots' next actions and send them."""
+    def _queue_steps(self, slots: Optional[List[Slot]] = None) -> None:
+        """Compute the next actions of ``slots`` (by default every idle one) and send them."""
+        slots = self._idle() if slots is None else slots
         if not slots:
             return
         started = self._clock()
