@@ -39,6 +39,13 @@ def make_policy(spec, deterministic: bool, memory=None) -> TorchPolicy:
     return TorchPolicy(0, spec, settings, SimpleActor, {"conditional_sigma": False, "tanh_squash": False})
 
 
+class CustomPolicy(TorchPolicy):
+    """Overrides get_action (with what it does already): never batched, never early."""
+
+    def get_action(self, decision_requests, worker_id=0):
+        return super().get_action(decision_requests, worker_id)
+
+
 def twin(policy: TorchPolicy) -> TorchPolicy:
     """The same network, weights and memories: one for batched calls, one for per-worker calls."""
     other = make_policy(policy.behavior_spec, policy.network_settings.deterministic, policy.network_settings.memory)
@@ -133,11 +140,6 @@ def test_a_stochastic_policy_gives_each_worker_outputs_of_the_same_shape(case):
 
 def test_only_ml_agents_own_get_action_is_batched():
     spec = SimpleEnvironment().behavior_specs["Simple"]
-
-    class CustomPolicy(TorchPolicy):
-        def get_action(self, decision_requests, worker_id=0):
-            return super().get_action(decision_requests, worker_id)
-
     assert batching.batchable(make_policy(spec, deterministic=True))
     custom = CustomPolicy(0, spec, NetworkSettings(), SimpleActor, {"conditional_sigma": False, "tanh_squash": False})
     assert not batching.batchable(custom)
@@ -216,19 +218,25 @@ def sent_steps(manager: SupervisedManagerBase) -> List[int]:
 
 
 @pytest.mark.parametrize(
-    "memory, early_actions, early",
-    [(None, True, True), (None, False, False), (LSTM, True, False)],
-    ids=["feedforward", "early_actions-false", "recurrent"],
+    "kind, early_actions, early",
+    [("feedforward", True, True), ("feedforward", False, False), ("recurrent", True, False), ("custom", True, False)],
+    ids=["feedforward", "early_actions-false", "recurrent", "custom-get_action"],
 )
-def test_actions_go_out_as_steps_land_except_for_recurrent_policies(memory, early_actions, early):
+def test_actions_go_out_as_steps_land_except_for_recurrent_policies(kind, early_actions, early):
     """NOTE [ Actions as steps land ]: the workers whose steps get_steps returns are already
     stepping again, with the actions the policy gives those steps; the steps carry the actions
-    that led to them. A recurrent policy, or early_actions: false, keeps upstream's order."""
+    that led to them. A recurrent policy, a custom get_action, or early_actions: false, keeps
+    upstream's order."""
     clock = FakeClock()
     manager = fake_manager(lambda worker_id, incarnation: Behavior(step_s=0.01), 2, clock, early_actions=early_actions)
     try:
         manager.reset()
-        policy = make_policy(manager.training_behaviors["Simple"], deterministic=True, memory=memory)
+        spec = manager.training_behaviors["Simple"]
+        if kind == "custom":
+            settings = NetworkSettings(deterministic=True)
+            policy = CustomPolicy(0, spec, settings, SimpleActor, {"conditional_sigma": False, "tanh_squash": False})
+        else:
+            policy = make_policy(spec, deterministic=True, memory=LSTM if kind == "recurrent" else None)
         manager.set_policy("Simple", policy)
         manager.get_steps()
         steps = manager.get_steps()

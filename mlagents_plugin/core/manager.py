@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from mlagents.trainers.action_info import ActionInfo
 from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
+from mlagents.trainers.policy import Policy
 from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv, BehaviorName, BehaviorSpec
@@ -307,7 +308,8 @@ class SupervisedManagerBase(EnvManager):
     # - a recurrent policy's: computing actions saves the agents' memories (``save_memories``)
     #   and the AgentManager then reads the previous ones for the step it adds, and forgets an
     #   ended episode's, so that the agent's next action starts from none;
-    # - a behaviour's without a policy yet: the trainer makes it after it has seen the step.
+    # - a behaviour's without a policy yet: the trainer makes it after it has seen the step;
+    # - a custom policy's that overrides ``get_action``: what its calls change is not known.
 
     def _idle(self) -> List[Slot]:
         return [slot for slot in self._slots if slot.state is WorkerState.IDLE]
@@ -315,7 +317,7 @@ class SupervisedManagerBase(EnvManager):
     def _acts_early(self, slot: Slot) -> bool:
         """May the slot's next actions be sent before its step is returned (NOTE [ Actions as steps land ])?"""
         names = _last_step(slot).current_all_step_result
-        return all(name in self.policies and not self.policies[name].use_recurrent for name in names)
+        return all(name in self.policies and _acts_early(self.policies[name]) for name in names)
 
     def _gather(self) -> None:
         """Wait for the workers still stepping whose replies are due within one forward pass
@@ -649,6 +651,11 @@ class SupervisedManagerBase(EnvManager):
                 if self._parameter_calls:
                     self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
                 self._request(slot, EnvironmentCommand.RESET)
+
+
+def _acts_early(policy: Policy) -> bool:
+    """ML-Agents' own ``get_action``, without memories (NOTE [ Actions as steps land ])."""
+    return batching.batchable(policy) and not policy.use_recurrent
 
 
 def _last_step(slot: Slot) -> EnvironmentStep:

@@ -45,7 +45,9 @@ CLOSE_SLACK_S = 5.0
 # Every env is still a slot of its own to the manager (its own worker id, incarnation, state,
 # deadlines, restarts and health stats), so agent ids, trajectories and stats are as with k = 1.
 # What k changes is the transport: the trainer's messages to one host's envs between two waits
-# travel in one actor call (``exchange``), and the call answers for all of them at once, so the
+# travel in one actor call (``exchange``; sent at the wait, or before it by ``send_now`` when the
+# manager has sent the actions of the steps it returns, NOTE [ Actions as steps land ] in
+# core/manager.py), and the call answers for all of them at once, so the
 # trainer's cost of a Ray round trip (about 1-2 ms of CPU) is paid per call, not per env. A host
 # has at most one exchange in flight: Ray runs an actor's calls one at a time anyway, and one at a
 # time keeps each env's replies in order. (A release is sent at once, in a call that returns
