@@ -32,7 +32,8 @@ from mlagents_plugin.core.protocol import (
 )
 from mlagents_plugin.core.wire import Encoder
 
-FAULTS = ("die", "reply_and_die", "hang", "raise", "stop", "port")
+FAULTS = ("die", "reply_and_die", "reply_then_killed", "hang", "raise", "stop", "port")
+KILLED_AFTER_S = 0.002  # "reply_then_killed": the OOM killer, this long after the reply went
 
 
 class FakeClock:
@@ -111,13 +112,14 @@ class _FakeWorker:
         return fault[0]
 
     def _fail(self, kind: str, command: Optional[EnvironmentCommand]) -> List[Tuple[float, Optional[Event]]]:
-        if kind in ("die", "reply_and_die"):
+        if kind in ("die", "reply_and_die", "reply_then_killed"):
             label = worker_label(self.spec.worker_id, self.pid)
             error = WorkerDiedError(f"{label} was killed by SIGKILL", self.spec.worker_id, self.pid, -9)
-            death = (self.free_at, Death(self.spec.worker_id, self.spec.incarnation, error))
+            died_at = self.free_at + (KILLED_AFTER_S if kind == "reply_then_killed" else 0.0)
+            death = (died_at, Death(self.spec.worker_id, self.spec.incarnation, error))
             if kind == "die" or command is None:  # while building there is no reply to send
                 return [death]
-            self.env.step()  # its step's reply is sent, then it dies in the same instant
+            self.env.step()  # its step's reply is sent, then it dies (in the same instant, or later)
             return [(self.free_at, self._step_reply(command)), death]
         if kind == "stop":
             report = describe_stop(SystemExit(143), command, 15)

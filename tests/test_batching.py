@@ -211,6 +211,53 @@ def test_workers_due_within_a_pass_are_waited_for(late_s, batches):
         manager.close()
 
 
+def test_a_worker_overdue_by_more_than_a_pass_is_not_waited_for():
+    """A worker that hangs is due in the first round after it stopped answering, and waited for
+    once; from the next round on it is overdue, and the others' rounds are as short as before."""
+    clock = FakeClock()
+    script = lambda worker_id, incarnation: Behavior(step_s=0.01, fault=("hang", 8) if worker_id == 2 else None)
+    manager = fake_manager(script, 3, clock, step_timeout_s=600)
+    try:
+        manager.reset()
+        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
+        CountingPolicy(policy, clock, pass_s=0.005)
+        manager.set_policy("Simple", policy)
+        for _ in range(7):
+            assert len(manager.get_steps()) == 3
+        rounds = []
+        for _ in range(6):
+            before = clock.now
+            rounds.append((len(manager.get_steps()), round(clock.now - before, 6)))
+        # a round: 10 ms of steps, a 5 ms pass; the first without worker 2 waits 5 ms more for it
+        assert rounds == [(2, 0.02)] + [(2, 0.015)] * 5
+    finally:
+        manager.close()
+
+
+def test_a_worker_killed_while_the_manager_waits_for_another_is_not_returned():
+    """Worker 0's step is in and the manager waits for worker 1, due within a pass (NOTE [ Gathering
+    a batch ]); meanwhile worker 0 is killed and restarts, and its step is dropped. get_steps
+    then waits on, as it does when nothing is in, and returns worker 0's new incarnation's
+    first step, never an empty list."""
+    clock = FakeClock()
+    script = lambda worker_id, incarnation: Behavior(
+        step_s=0.01, fault=(("reply_then_killed", "hang")[worker_id], 8) if incarnation == 0 else None
+    )
+    manager = fake_manager(script, 2, clock)
+    try:
+        manager.reset()
+        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
+        CountingPolicy(policy, clock, pass_s=0.005)
+        manager.set_policy("Simple", policy)
+        for _ in range(7):
+            assert len(manager.get_steps()) == 2
+        steps = manager.get_steps()
+        assert [(s.worker_id, manager._slots[s.worker_id].incarnation) for s in steps] == [(0, 1)]
+        assert manager.restart_counts == {"died": 1}
+    finally:
+        manager.close()
+
+
 def sent_steps(manager: SupervisedManagerBase) -> List[int]:
     backend = manager._backend
     assert isinstance(backend, FakeBackend)
@@ -239,13 +286,14 @@ def test_actions_go_out_as_steps_land_except_for_recurrent_policies(kind, early_
             policy = make_policy(spec, deterministic=True, memory=LSTM if kind == "recurrent" else None)
         manager.set_policy("Simple", policy)
         manager.get_steps()
+        sent_before = {slot.worker_id: slot.previous_all_action_info["Simple"] for slot in manager._slots}
         steps = manager.get_steps()
         assert sorted(s.worker_id for s in steps) == [0, 1]
         assert len(sent_steps(manager)) == (6 if early else 4)  # early: 2 rounds ahead of the trainer's 2
         assert all(slot.state is (WorkerState.BUSY if early else WorkerState.IDLE) for slot in manager._slots)
-        for step in steps:  # the actions that led to the step, not the ones just sent
-            sent = manager._slots[step.worker_id].previous_all_action_info["Simple"]
-            assert (step.brain_name_to_action_info["Simple"] is not sent) == early
+        for step in steps:  # the actions that led to the step: early, sent a round before
+            sent_now = manager._slots[step.worker_id].previous_all_action_info["Simple"]
+            assert step.brain_name_to_action_info["Simple"] is (sent_before[step.worker_id] if early else sent_now)
         if early:  # what was sent answers the steps returned: what the policy gives them
             alone = twin(policy)
             for step in steps:

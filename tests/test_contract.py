@@ -21,6 +21,7 @@ from mlagents.trainers.torch_entities.networks import SimpleActor
 from mlagents_envs.exception import UnityCommunicationException
 
 from mlagents_plugin.core.errors import RemoteTraceback, RemoteWorkerError, WorkerDiedError
+from mlagents_plugin.core.protocol import EnvironmentCommand
 from mlagents_plugin.testing import (
     HangingEnvironment,
     SimpleEnvironment,
@@ -102,29 +103,39 @@ def test_ppo_trains(manager_of, num_envs):
     check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
 
 
-def experiences(manager, policy, env_steps: int) -> Dict[str, List[Tuple]]:
-    """TrainerController's loop, its trainer never updating: every agent's experiences, in order."""
+def experiences(manager, policy, n_agents: int, each: int) -> Tuple[Dict[str, List[Tuple]], int, int]:
+    """TrainerController's loop, its trainer never updating, until all ``n_agents`` have ``each``
+    experiences: every agent's experiences, in order, how many steps ``get_steps`` returned, and
+    how many of their workers were already stepping again."""
     agents = AgentManager(policy, "Simple", StatsReporter("contract-test"), 8, threaded=False)
     manager.set_agent_manager("Simple", agents)
     manager.set_policy("Simple", policy)
     seen: Dict[str, List[Tuple]] = collections.defaultdict(list)
-    stepped = 0
-    while stepped < env_steps:
+    stepped = answered_early = 0
+    while len(seen) < n_agents or min(len(e) for e in seen.values()) < each:
         steps = manager.get_steps()
         stepped += len(steps)
+        answered_early += sum(manager._slots[s.worker_id].awaiting is EnvironmentCommand.STEP for s in steps)
+        if manager.settings.early_actions and manager.settings.backend == "ray":  # sent at once (send_now)
+            assert all(host.call is not None for host in manager._backend._hosts if host.envs)
         manager.process_steps(steps)
         while not agents.trajectory_queue.empty():
             trajectory = agents.trajectory_queue.get_nowait()
             seen[trajectory.agent_id] += [
-                (e.obs[0], e.action.continuous, e.action.discrete, e.reward, e.done) for e in trajectory.steps
+                (
+                    e.obs[0], e.action.continuous, e.action.discrete, e.action_probs.continuous,
+                    e.action_probs.discrete, e.prev_action, e.reward, e.done, e.interrupted,
+                )
+                for e in trajectory.steps
             ]
-    return seen
+    return seen, stepped, answered_early
 
 
 @pytest.mark.timeout(180)
-def test_actions_sent_as_steps_land_leave_every_experience_as_it_was(manager_of):
-    """NOTE [ Actions as steps land ]: with a deterministic policy that is not updated, every
-    agent's experiences are the same as in upstream's order (``early_actions: false``)."""
+def test_actions_sent_as_steps_land_leave_a_fixed_policys_experiences_as_they_were(manager_of):
+    """NOTE [ Actions as steps land ]: with a deterministic policy that is not updated (weights
+    and normaliser fixed), every agent's experiences are the same as in upstream's order
+    (``early_actions: false``)."""
     factory = make_factory(SimpleEnvironment, num_agents=2, action="hybrid")
     runs = {}
     for early_actions in (False, True):
@@ -135,13 +146,13 @@ def test_actions_sent_as_steps_land_leave_every_experience_as_it_was(manager_of)
             0, manager.training_behaviors["Simple"], NetworkSettings(deterministic=True), SimpleActor,
             {"conditional_sigma": False, "tanh_squash": False},
         )
-        runs[early_actions] = experiences(manager, policy, 3 * 80)
+        runs[early_actions], stepped, answered_early = experiences(manager, policy, n_agents=3 * 2, each=48)
+        assert answered_early == (stepped if early_actions else 0)
         manager.close()
     assert runs[False].keys() == runs[True].keys() == {f"agent_{w}-{a}" for w in range(3) for a in range(2)}
     for agent, upstream_order in runs[False].items():
         early = runs[True][agent]
-        common = min(len(upstream_order), len(early))
-        assert common >= 40, (agent, len(upstream_order), len(early))  # two trajectories of 8 and more
+        common = min(len(upstream_order), len(early))  # 48 or more: several episodes of 20
         for a, b in zip(upstream_order[:common], early[:common], strict=True):
             for x, y in zip(a, b, strict=True):
                 np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

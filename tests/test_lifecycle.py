@@ -13,7 +13,9 @@ import pytest
 from fake_backend import FAULTS, Behavior, FakeBackend, FakeClock, behave
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mlagents.trainers.settings import RunOptions
+from mlagents.trainers.policy.torch_policy import TorchPolicy
+from mlagents.trainers.settings import NetworkSettings, RunOptions
+from mlagents.trainers.torch_entities.networks import SimpleActor
 from mlagents_envs.exception import UnityCommunicationException, UnityTimeOutException
 
 from mlagents_plugin.core import lifecycle, signals
@@ -525,6 +527,22 @@ behaviors = st.builds(
 EXPLORE = int(os.environ.get("LIFECYCLE_EXAMPLES", "0"))
 
 
+def timed_policy(clock: FakeClock, pass_s: float) -> TorchPolicy:
+    """ML-Agents' TorchPolicy for SimpleEnvironment, whose forward passes take ``pass_s`` of ``clock``."""
+    policy = TorchPolicy(
+        0, SimpleEnvironment().behavior_specs["Simple"], NetworkSettings(), SimpleActor,
+        {"conditional_sigma": False, "tanh_squash": False},
+    )
+    evaluate = policy.evaluate
+
+    def timed(*args, **kwargs):
+        clock.now += pass_s
+        return evaluate(*args, **kwargs)
+
+    policy.evaluate = timed
+    return policy
+
+
 @settings(
     max_examples=EXPLORE or 400,
     derandomize=not EXPLORE,
@@ -536,21 +554,29 @@ EXPLORE = int(os.environ.get("LIFECYCLE_EXAMPLES", "0"))
     n_env=st.integers(1, 4),
     plan=st.lists(behaviors, min_size=16, max_size=16),
     restart_on=st.sampled_from([[], ["RuntimeError"]]),
+    with_policy=st.booleans(),
 )
-def test_any_fault_schedule_keeps_the_manager_consistent(harness, n_env, plan, restart_on):
+def test_any_fault_schedule_keeps_the_manager_consistent(harness, n_env, plan, restart_on, with_policy):
     """Whatever fails when, and however: the invariants hold after every pump (checked by the
     manager), every step returned comes from a worker that is up, and the manager either
-    steps or raises an error that says what failed; simulated time moves on."""
+    steps or raises an error that says what failed; simulated time moves on. With a policy
+    (whose passes take 20 ms), actions go out as steps land and the manager waits for workers
+    about to answer (NOTE [ Actions as steps land ], NOTE [ Gathering a batch ])."""
     script = lambda worker_id, incarnation: plan[(4 * worker_id + incarnation) % 16] if incarnation < 4 else Behavior()
     h = harness(script, n_env=n_env, run_options=quota(lifetime=3, rate_n=-1), restart_on=restart_on,
                 step_timeout_s=10.0, startup_timeout_s=30.0, restart_backoff_s=0.2)
     expected = (WorkerDiedError, WorkerTimeoutError, RuntimeError, UnityCommunicationException, RemoteWorkerError)
     try:
         h.manager.reset()
+        if with_policy:
+            h.manager.set_policy("Simple", timed_policy(h.clock, pass_s=0.02))
         for _ in range(40):
             before = h.clock.now
-            for step in h.manager.get_steps():
-                assert h.manager._slots[step.worker_id].state is WorkerState.IDLE
+            steps = h.manager.get_steps()
+            assert steps  # never an empty list: ML-Agents' loop would spin on it
+            for step in steps:
+                slot = h.manager._slots[step.worker_id]
+                assert slot.state is WorkerState.IDLE or (with_policy and slot.awaiting is EnvironmentCommand.STEP)
             assert h.clock.now >= before
     except AllWorkersFailedError:
         pass

@@ -9,8 +9,9 @@
 # waits for the workers still stepping whose replies are due within one pass's time: waiting
 # that long costs at most the pass it saves, and a worker that is due later is not waited for.
 # Each worker reports how long it spent on its request (read to reply, ``StepPayload.step_s``);
-# its reply is due at the time its request was sent plus that time's running average. The pass's
-# time is the running average of the trainer's own action computations. Before either is known,
+# its reply is due at the time its request was sent plus that time's running average (a worker
+# overdue by more than a pass is not about to answer: it is not waited for). The pass's time is
+# the running average of the trainer's own action computations. Before either is known,
 # nothing is waited for. Where the envs are the bottleneck, a worker that answers first waits at
 # most one pass's time, and only for workers due within it.
 #
@@ -55,6 +56,7 @@ class Gathering:
         due = []
         for worker_id, sent_at in stepping:
             step_s = self._step_s[worker_id]
-            if step_s is not None and sent_at + step_s <= until:
+            # overdue by more than a pass: slower than it was (or hung), not about to answer
+            if step_s is not None and now - self._pass_s <= sent_at + step_s <= until:
                 due.append(worker_id)
         return until, due

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from mlagents.trainers.action_info import ActionInfo
 from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
 from mlagents.trainers.policy import Policy
+from mlagents.trainers.policy.torch_policy import TorchPolicy
 from mlagents.trainers.settings import RunOptions, TrainerSettings
 from mlagents_envs import logging_util
 from mlagents_envs.base_env import BaseEnv, BehaviorName, BehaviorSpec
@@ -134,8 +135,8 @@ class SupervisedManagerBase(EnvManager):
             self._queue_steps()
         while not self._completed:  # one wait returns every worker that is ready by then
             self._pump()
-        if self.settings.batch_inference:
-            self._gather()
+            if self._completed and self.settings.batch_inference:
+                self._gather()  # (a worker whose step is in may die meanwhile: then wait on)
         if self.settings.early_actions:  # before the steps are handed over: a raise keeps them
             self._queue_steps([slot for slot in self._idle() if self._acts_early(slot)])
             self._backend.send_now()
@@ -302,14 +303,18 @@ class SupervisedManagerBase(EnvManager):
     # for the steps it returns before it returns them, so the envs step while the trainer works.
     # What the actions are computed from does not change (each step's own observations), nor
     # what the AgentManager gets (the ActionInfo that led to the step). What changes is the
-    # policy they come from: the one before the round's update, not after it, as upstream's
-    # workers that are still stepping during an update get theirs. PPO keeps the log-probs of the
-    # actions as taken, so its ratios stay right. Two kinds of step keep upstream's order:
+    # policy they come from: as it was before the round's ``trainer.advance`` (its weights, its
+    # observation normaliser, which PPO updates in every advance, a self-play snapshot), not
+    # after it, as upstream's workers that are still stepping then get theirs. PPO keeps the
+    # log-probs of the actions as taken, so its ratios stay right. Likewise, new environment
+    # parameters (a lesson change) reach each env one step later: a step is in flight already.
+    # Three kinds of step keep upstream's order:
     # - a recurrent policy's: computing actions saves the agents' memories (``save_memories``)
     #   and the AgentManager then reads the previous ones for the step it adds, and forgets an
     #   ended episode's, so that the agent's next action starts from none;
     # - a behaviour's without a policy yet: the trainer makes it after it has seen the step;
-    # - a custom policy's that overrides ``get_action``: what its calls change is not known.
+    # - a policy's that is not ML-Agents' own TorchPolicy (a subclass may change what
+    #   computing actions saves, or what it reads that ``add_experiences`` writes).
 
     def _idle(self) -> List[Slot]:
         return [slot for slot in self._slots if slot.state is WorkerState.IDLE]
@@ -317,7 +322,7 @@ class SupervisedManagerBase(EnvManager):
     def _acts_early(self, slot: Slot) -> bool:
         """May the slot's next actions be sent before its step is returned (NOTE [ Actions as steps land ])?"""
         names = _last_step(slot).current_all_step_result
-        return all(name in self.policies and _acts_early(self.policies[name]) for name in names)
+        return all(name in self.policies and _policy_acts_early(self.policies[name]) for name in names)
 
     def _gather(self) -> None:
         """Wait for the workers still stepping whose replies are due within one forward pass
@@ -532,7 +537,9 @@ class SupervisedManagerBase(EnvManager):
             if response.cmd is EnvironmentCommand.RESET:
                 slot.previous_all_action_info = {}
             else:
-                self._health.stepped(slot.worker_id, self._watched.now() - slot.sent_at)
+                # the worker's own time: from sending, a step's time would include the trainer's
+                # work while the step waited to be read (NOTE [ Actions as steps land ])
+                self._health.stepped(slot.worker_id, payload.step_s)
                 self._gathering.stepped(slot.worker_id, payload.step_s)
             step = EnvironmentStep(
                 self._decoders.decode(slot.worker_id, payload.all_step_result),
@@ -653,9 +660,9 @@ class SupervisedManagerBase(EnvManager):
                 self._request(slot, EnvironmentCommand.RESET)
 
 
-def _acts_early(policy: Policy) -> bool:
-    """ML-Agents' own ``get_action``, without memories (NOTE [ Actions as steps land ])."""
-    return batching.batchable(policy) and not policy.use_recurrent
+def _policy_acts_early(policy: Policy) -> bool:
+    """ML-Agents' own TorchPolicy, without memories (NOTE [ Actions as steps land ])."""
+    return type(policy) is TorchPolicy and not policy.use_recurrent
 
 
 def _last_step(slot: Slot) -> EnvironmentStep:
