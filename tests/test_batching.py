@@ -1,8 +1,9 @@
 """Batched inference (core/batching.py): one forward pass for every ready worker gives each worker
 what a call of its own would have given. Process-free: real policies, real envs, in this process;
 the manager's side on the fake backend (tests/fake_backend.py)."""
+import contextlib
 import copy
-from typing import List
+from typing import Iterator, List, Tuple
 
 import numpy as np
 import pytest
@@ -170,6 +171,21 @@ def fake_manager(script, n_env: int, clock: FakeClock, **settings) -> Supervised
     )
 
 
+@contextlib.contextmanager
+def passes_of_5_ms(script, n_env: int, **settings) -> Iterator[Tuple[SupervisedManagerBase, FakeClock]]:
+    """A reset manager on the fake backend whose policy's forward passes take 5 ms; closed after."""
+    clock = FakeClock()
+    manager = fake_manager(script, n_env, clock, **settings)
+    try:
+        manager.reset()
+        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
+        CountingPolicy(policy, clock, pass_s=0.005)
+        manager.set_policy("Simple", policy)
+        yield manager, clock
+    finally:
+        manager.close()
+
+
 @pytest.mark.parametrize("batch_inference, evaluations_per_round", [(True, 1), (False, 4)])
 def test_workers_ready_together_share_one_forward_pass(batch_inference, evaluations_per_round):
     clock = FakeClock()
@@ -196,32 +212,18 @@ def test_workers_due_within_a_pass_are_waited_for(late_s, batches):
     """NOTE [ Gathering a batch ]: a pass takes 5 ms; worker 3's steps take ``late_s`` longer
     than the others' 10 ms. 4 ms later, it is waited for and one pass serves all four; 1 s
     later, it is not (it comes once a second, alone)."""
-    clock = FakeClock()
     script = lambda worker_id, incarnation: Behavior(step_s=0.01 + (late_s if worker_id == 3 else 0.0))
-    manager = fake_manager(script, 4, clock)
-    try:
-        manager.reset()
-        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
-        CountingPolicy(policy, clock, pass_s=0.005)
-        manager.set_policy("Simple", policy)
+    with passes_of_5_ms(script, 4) as (manager, _):
         for _ in range(6):  # the workers report their step times, the trainer learns its pass's
             manager.get_steps()
         assert [len(manager.get_steps()) for _ in batches] == batches
-    finally:
-        manager.close()
 
 
 def test_a_worker_overdue_by_more_than_a_pass_is_not_waited_for():
     """A worker that hangs is due in the first round after it stopped answering, and waited for
     once; from the next round on it is overdue, and the others' rounds are as short as before."""
-    clock = FakeClock()
     script = lambda worker_id, incarnation: Behavior(step_s=0.01, fault=("hang", 8) if worker_id == 2 else None)
-    manager = fake_manager(script, 3, clock, step_timeout_s=600)
-    try:
-        manager.reset()
-        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
-        CountingPolicy(policy, clock, pass_s=0.005)
-        manager.set_policy("Simple", policy)
+    with passes_of_5_ms(script, 3, step_timeout_s=600) as (manager, clock):
         for _ in range(7):
             assert len(manager.get_steps()) == 3
         rounds = []
@@ -230,8 +232,6 @@ def test_a_worker_overdue_by_more_than_a_pass_is_not_waited_for():
             rounds.append((len(manager.get_steps()), round(clock.now - before, 6)))
         # a round: 10 ms of steps, a 5 ms pass; the first without worker 2 waits 5 ms more for it
         assert rounds == [(2, 0.02)] + [(2, 0.015)] * 5
-    finally:
-        manager.close()
 
 
 def test_a_worker_killed_while_the_manager_waits_for_another_is_not_returned():
@@ -239,23 +239,15 @@ def test_a_worker_killed_while_the_manager_waits_for_another_is_not_returned():
     a batch ]); meanwhile worker 0 is killed and restarts, and its step is dropped. get_steps
     then waits on, as it does when nothing is in, and returns worker 0's new incarnation's
     first step, never an empty list."""
-    clock = FakeClock()
     script = lambda worker_id, incarnation: Behavior(
         step_s=0.01, fault=(("reply_then_killed", "hang")[worker_id], 8) if incarnation == 0 else None
     )
-    manager = fake_manager(script, 2, clock)
-    try:
-        manager.reset()
-        policy = make_policy(manager.training_behaviors["Simple"], deterministic=False)
-        CountingPolicy(policy, clock, pass_s=0.005)
-        manager.set_policy("Simple", policy)
+    with passes_of_5_ms(script, 2) as (manager, _):
         for _ in range(7):
             assert len(manager.get_steps()) == 2
         steps = manager.get_steps()
         assert [(s.worker_id, manager._slots[s.worker_id].incarnation) for s in steps] == [(0, 1)]
         assert manager.restart_counts == {"died": 1}
-    finally:
-        manager.close()
 
 
 def sent_steps(manager: SupervisedManagerBase) -> List[int]:

@@ -196,7 +196,9 @@ def _start_with_pid(pid: int, command, env) -> subprocess.Popen:
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(  # CI runs as root on Linux: it runs there, in every leg
     not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
-    reason="giving a process a chosen pid takes writing /proc/sys/kernel/ns_last_pid: Linux, as root",
+    reason="a pid that comes back can only be made on purpose by choosing the next pid, which takes "
+    "writing /proc/sys/kernel/ns_last_pid (Linux only, as root); without it, waiting for pids to "
+    "wrap takes tens of thousands of processes",
 )
 def test_a_player_whose_pid_came_back_is_found_and_killed():
     """NOTE [ Pids come back ]: psutil's process_iter keeps a Process object per pid; once the
