@@ -239,6 +239,10 @@ def test_the_pytest_plugin_loads_without_ml_agents_trainers_or_torch():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+# A trainer forked into its fork server runs no native thread: no BLAS or OpenMP pool, which
+# numpy's OpenBLAS starts at import on any machine of two cores or more (tests/test_fork_server.py).
+ONE_NATIVE_THREAD = {"OMP_NUM_THREADS": "1"}
+
 SCRIPT_BESIDE_ITS_ENV = textwrap.dedent("""
     import os, sys, threading
     from mlagents.trainers.settings import RunOptions
@@ -271,7 +275,8 @@ ENV_BESIDE = textwrap.dedent("""
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("trainer_thread", ["main", "thread"])
 def test_an_env_module_found_on_the_trainers_sys_path_is_imported_once(tmp_path, trainer_thread):
-    """From the main thread, the fork server is a fork of the trainer and has the module already
+    """From the main thread of a trainer that runs no native thread, the fork server is a fork of
+    the trainer and has the module already
     (NOTE [ A fork server forked from the trainer ]). From another thread it is a fresh
     interpreter, and Python's fork server would ignore the sys.path it is given (NOTE [ The fork
     server's sys.path ]): an env module beside the user's script was imported again by every
@@ -282,7 +287,7 @@ def test_an_env_module_found_on_the_trainers_sys_path_is_imported_once(tmp_path,
     (folder / "env_beside.py").write_text(ENV_BESIDE)
     run = subprocess.run(
         [sys.executable, str(folder / "train.py"), trainer_thread], cwd=tmp_path, capture_output=True, text=True,
-        timeout=100,
+        timeout=100, env={**os.environ, **ONE_NATIVE_THREAD},
     )
     assert run.returncode == 0, run.stderr
     workers = {int(pid) for pid in run.stdout.split()}
@@ -334,7 +339,7 @@ def test_a_python_envs_fork_server_is_a_fork_of_the_trainer_that_keeps_none_of_i
     build = str(goal_build) if env == "build" else ""
     trainer = subprocess.Popen(
         [sys.executable, str(script), build, str(free_port_block(4))], cwd=tmp_path,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **ONE_NATIVE_THREAD},
     )
     try:
         server, port, *workers = map(int, trainer.stdout.readline().split())

@@ -61,6 +61,11 @@ class WorkerDiedError(EnvWorkerError):
         return type(self), (str(self), self.worker_id, self.pid, self.exitcode)
 
 
+class ForkServerDiedError(WorkerDiedError):
+    """The fork server a worker was forked from died, and the worker with it: not the worker's
+    fault, so its restart is not counted (NOTE [ A fork server dies ] in local/fork_server.py)."""
+
+
 class WorkerTimeoutError(EnvWorkerError):
     """A worker did not answer within its deadline."""
 

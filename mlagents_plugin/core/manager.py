@@ -602,6 +602,11 @@ class SupervisedManagerBase(EnvManager):
             self._move_to_another_port(slot)
             return
         cause = self._restarts.classify(exc)
+        if cause is Cause.FORK_SERVER:  # not the worker's doing: at once, not counted
+            self._health.failed(worker_id, cause, True)
+            logger.info(f"Restarting env worker {worker_id} from a new fork server: {exc}")
+            slot.restart(self._clock())
+            return
         restart = cause is not Cause.OTHER and self._restarts.has_quota(worker_id, slot.ever_started)
         self._health.failed(worker_id, cause, restart)
         if restart:

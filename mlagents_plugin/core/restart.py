@@ -6,7 +6,8 @@ exception types listed in ``env_manager.restart_on``. Quotas are ML-Agents' own 
 counted per worker with upstream's meaning: -1 switches a limit off. A worker's first restart
 within the rate-limit period is immediate, as upstream's; each further one waits twice as long
 as the one before it (backoff from ``restart_backoff_s``), so a build that crashes at start does
-not spin. A missing build is never restarted.
+not spin. A missing build is never restarted; a worker lost with its fork server is restarted at
+once and not counted (NOTE [ A fork server dies ]).
 """
 import datetime
 import enum
@@ -24,6 +25,7 @@ from mlagents_envs.exception import (
 
 from mlagents_plugin.core.errors import (
     BuildNotFoundError,
+    ForkServerDiedError,
     ListenAddressError,
     RemoteWorkerError,
     WorkerDiedError,
@@ -50,12 +52,15 @@ class Cause(enum.Enum):
     HUNG = "hung"
     UNITY = "unity"
     LISTED = "restart_on"
+    FORK_SERVER = "fork_server"  # not the worker's fault: restarted at once, not counted
     OTHER = "other"
 
 
 def cause_of(exc: BaseException, restart_on: Sequence[str] = ()) -> Cause:
     if isinstance(exc, PERMANENT):
         return Cause.OTHER
+    if isinstance(exc, ForkServerDiedError):
+        return Cause.FORK_SERVER
     if isinstance(exc, WorkerDiedError):
         return Cause.DIED
     if isinstance(exc, WorkerTimeoutError):

@@ -23,6 +23,7 @@ from mlagents_plugin.core.settings import (
     write_effective_settings,
 )
 from mlagents_plugin.integration import compat, python_envs, rpc_server
+from mlagents_plugin.local import fork_server
 from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)
@@ -124,9 +125,19 @@ class Run:
         described = ", ".join(f"{k}={v!r}" for k, v in settings.as_dict().items())
         logger.info(
             f"Env manager: {manager_class.__name__} (mlagents-plugin, {platform.path_name()}) with "
-            f"{n_env} worker(s); {described}" + (f"; written to {path}" if path else "")
+            f"{n_env} worker(s){_workers_start_from(settings)}; {described}"
+            + (f"; written to {path}" if path else "")
         )
         return manager_class(env_factory, run_options, n_env, settings)
+
+
+def _workers_start_from(settings: EnvManagerSettings) -> str:
+    """Where this process's workers come from (NOTE [ A fork server forked from the trainer ])."""
+    if settings.backend != "subprocess":
+        return ""
+    if settings.start_method == "forkserver":
+        return f", started from {fork_server.describe()}"
+    return f", each started by {settings.start_method}"
 
 
 class InterruptedEnvManager(EnvManager):

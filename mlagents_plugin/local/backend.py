@@ -6,6 +6,7 @@ shutdown ladder (shutdown.py). SupervisedEnvManager (supervisor.py) runs it in t
 each Ray actor runs one on its node (ray/actor.py). It imports neither torch nor ML-Agents'
 trainers: an actor that loads it stays light.
 """
+import contextlib
 import glob
 import multiprocessing
 import multiprocessing.util
@@ -18,11 +19,12 @@ from multiprocessing.process import BaseProcess
 from typing import Callable, Dict, List, Optional, Tuple
 
 import attr
+import psutil
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import factories, platform, wire
 from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
-from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.errors import ForkServerDiedError, WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
 from mlagents_plugin.core.names import command_name, worker_label
 from mlagents_plugin.core.placement import Placement
@@ -51,6 +53,10 @@ class _Worker:
     incarnation: int
     label: str
     last_command: Optional[EnvironmentCommand] = None  # the last one delivered, for its death's message
+    # the fork server it was forked from, and the process itself as psutil names it (pid reuse
+    # safe), to take it down if that server dies (NOTE [ A fork server dies ])
+    server: Optional[int] = None
+    psutil_process: Optional[psutil.Process] = None
 
 
 class ProcessBackend(Backend):
@@ -82,20 +88,24 @@ class ProcessBackend(Backend):
             hardened=self._hardening.hardened,
             segment_prefix=self._segment_prefix(worker_id, incarnation),
         )
+        server = None
         try:
             if self._context.get_start_method() == "forkserver":
                 fork_server.ensure_running()  # NOTE [ The fork server's sys.path ]
+                server = fork_server.running_pid()
             process, conn = start_worker(self._context, spec)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             if self._context.get_start_method() != "forkserver" or _fork_server_socket_exists():
                 raise
-            self._context = _without_fork_server(e)
+            self._context, server = _without_fork_server(e), None
             process, conn = start_worker(self._context, spec)
         assert process.pid is not None  # started
         self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
         placement = Placement(worker_id, process.pid, *self._host)
         label = worker_label(worker_id, process.pid, placement)
-        self._workers[worker_id] = _Worker(process, conn, incarnation, label)
+        self._workers[worker_id] = _Worker(
+            process, conn, incarnation, label, server=server, psutil_process=_psutil_process(server, process.pid)
+        )
         self._readiness.watch(process.sentinel, (worker_id, incarnation, _SENTINEL))
         self._readiness.watch(conn, (worker_id, incarnation, _PIPE))
         return placement
@@ -275,6 +285,11 @@ class ProcessBackend(Backend):
             # does the same: the process is already in the kernel's exit path).
             worker.process.join(SENTINEL_WAIT_S)
             exitcode = worker.process.exitcode
+            if exitcode == FORK_SERVER_LOST:  # or the worker's own exit code (NOTE [ A fork server dies ])
+                server_end = fork_server.ended(worker.server, within_s=SENTINEL_WAIT_S)
+                if server_end is not None:
+                    events.append(Death(worker_id, worker.incarnation, _orphaned(worker_id, worker, server_end)))
+                    return events
             error = WorkerDiedError(
                 f"{worker.label} {processes.describe_exit(exitcode)} "
                 f"(last command: {command_name(worker.last_command)}){self._bus_error_hint(exitcode)}.",
@@ -318,6 +333,30 @@ def _without_fork_server(error: OSError) -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+def _psutil_process(server: Optional[int], pid: int) -> Optional[psutil.Process]:
+    """The worker as psutil names it, where a fork server's death may leave it running."""
+    if server is None:
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:  # gone already: its sentinel says so
+        return None
+
+
+def _orphaned(worker_id: int, worker: _Worker, server_end: str) -> ForkServerDiedError:
+    """A worker whose fork server died: its exit status went with the server, and it may run on,
+    so it is killed now; the ladder then finds it gone (NOTE [ A fork server dies ])."""
+    if worker.psutil_process is not None:
+        with contextlib.suppress(psutil.Error):
+            worker.psutil_process.kill()  # psutil checks that the pid still names the worker
+    return ForkServerDiedError(
+        f"{worker.label} was lost with the fork server it was forked from (pid {worker.server}), "
+        f"which {server_end} (last command: {command_name(worker.last_command)}).",
+        worker_id,
+        worker.process.pid,
+    )
+
+
 def _send(worker: _Worker, data: bytes) -> None:
     """Never raises: a worker that is gone reports how through its sentinel or its deadline."""
     if worker.conn is not None:
@@ -336,4 +375,5 @@ def _drain(sock: socket.socket) -> None:
 
 
 SENTINEL_WAIT_S = 1.0  # what join waits for the sentinel, which has fired already
+FORK_SERVER_LOST = 255  # multiprocessing's exit code for a worker whose fork server it cannot read
 _SENTINEL, _PIPE, _WAKE = "sentinel", "pipe", "wake"  # what woke the trainer, in Readiness data

@@ -10,7 +10,10 @@ import multiprocessing.util
 import os
 import sys
 import threading
-from typing import Any, Iterator, List, Optional
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+from mlagents_envs import logging_util
 
 # NOTE [ The fork server's sys.path ]
 # multiprocessing hands the fork server the trainer's sys.path and then, in every Python from
@@ -25,6 +28,7 @@ from typing import Any, Iterator, List, Optional
 # that raises anything but ImportError would otherwise end the server (multiprocessing catches
 # only that), and with it every later worker start; a worker then imports it and says why.
 TRAINER_ENV = "MLAGENTS_PLUGIN_FORK_SERVER"
+logger = logging_util.get_logger(__name__)
 
 _factory_modules: List[str] = []  # in the trainer: what the next server start preloads
 _fork_this_process = False  # in the trainer: whether the next server start forks it
@@ -61,16 +65,19 @@ def set_preload(factory_modules: List[str], may_fork_this_process: bool = False)
 
 
 _started_by: Optional[int] = None  # the pid of the process that started the fork server here
+_how = "no fork server yet"  # how the running one was made, for the start line
+_ended: Dict[int, str] = {}  # fork servers of this process that died: pid -> how (NOTE [ A fork server dies ])
 
 
 def ensure_running() -> None:
     """Start the fork server once per process: on the trainer's sys.path, with a socket path
     that fits, and with SIGINT and SIGHUP blocked (NOTE [ Trainer signals ]); a fork of this
-    process where NOTE [ A fork server forked from the trainer ] says so. Once it runs, this does
-    nothing (the environment is not touched while other threads may read it); a server that
-    died is started again by multiprocessing itself, with the next worker."""
-    global _started_by
-    if _started_by == os.getpid():
+    process where NOTE [ A fork server forked from the trainer ] says so. Once it runs, this only
+    checks that it still does (the environment is not touched while other threads may read it);
+    one that died is recorded (NOTE [ A fork server dies ]) and a new one started the same way."""
+    global _started_by, _how
+    running = running_pid()
+    if _started_by == os.getpid() and running is not None and ended(running) is None:
         return
     from mlagents_plugin.core import platform, signals
     from mlagents_plugin.local import hardening, processes
@@ -80,22 +87,79 @@ def ensure_running() -> None:
     # removes: the reaper removes it after a SIGKILL too. It is told before the dir can hold
     # anything, as a kill can come at any moment (a Ray actor's, in the middle of a launch).
     hardening.layer(platform.hardened()).remove_with_me(multiprocessing.util.get_temp_dir())
-    forked = _fork_this_process and _can_fork_here()
+    not_forked = _why_not_fork() if _fork_this_process else None
     with signals.children_ignore_interrupts():
-        if sys.platform == "linux" and forked:
+        if sys.platform == "linux" and _fork_this_process and not_forked is None:
             from mlagents_plugin.local.linux import forked_server
 
             forked_server.start(_multiprocessings_server())
+            _how = f"a fork server forked from this process (pid {running_pid()})"
         else:
             with _sys_path_passed():
                 multiprocessing.forkserver.ensure_running()
+            _how = f"a fresh fork server (pid {running_pid()})"
+            if not_forked is not None:
+                _how += f", not a fork of this process: {not_forked}"
     _started_by = os.getpid()
+    logger.info(f"Env workers start from {_how}.")
 
 
 def running_pid() -> Optional[int]:
     """The pid of the fork server this process started, if it started one."""
     pid: Optional[int] = _multiprocessings_server()._forkserver_pid
     return pid
+
+
+def describe() -> str:
+    """How the running fork server was made, for the ``Env manager:`` start line."""
+    return _how
+
+
+# NOTE [ A fork server dies ]
+# Every worker is a child of the fork server, and the server reports each one's exit through a
+# status pipe: multiprocessing's ``Popen.poll`` reads it, and once the server is gone the read
+# fails and every worker "exits with code 255" at once, whether it died or not (the pipe closes
+# a moment before the server can be reaped: a worker that reads 255 waits up to a second for it). The fork server
+# is as likely an OOM victim as any process (a fork of the trainer holds what the trainer held),
+# and a user may kill it. So a worker whose sentinel fires asks ``ended`` about the server it came
+# from: when that server is dead (reaped here: it is this process's child), the worker is taken
+# down (it may run on, orphaned, its exit status lost) and started again from a new server,
+# without counting as one of its restarts (restart.py's ``Cause.FORK_SERVER``): it did nothing
+# wrong. multiprocessing's own record of the server is reset, as its ``ensure_running`` does for a
+# server that died, so that the next start goes through ``ensure_running`` above.
+def ended(pid: Optional[int], within_s: float = 0.0) -> Optional[str]:
+    """How fork server ``pid`` of this process ended, if it did ("was killed by SIGKILL"),
+    waiting up to ``within_s`` for it to finish exiting (its descriptors close first)."""
+    if pid is None or sys.platform == "win32":  # Windows has no fork server
+        return None
+    if pid in _ended:
+        return _ended[pid]
+    server = _multiprocessings_server()
+    if pid != server._forkserver_pid:
+        return None
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: it is gone all the same
+            reaped, status = pid, 0
+        if reaped != 0:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+    from mlagents_plugin.local import processes
+
+    _ended[pid] = processes.describe_exit(os.waitstatus_to_exitcode(status))
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+    for attribute in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
+        setattr(server, attribute, None)
+    logger.warning(
+        f"The fork server (pid {pid}) {_ended[pid]}. The env workers forked from it are started "
+        "again from a new one, without counting as restarts (NOTE [ A fork server dies ])."
+    )
+    return _ended[pid]
 
 
 # NOTE [ A fork server forked from the trainer ]
@@ -115,33 +179,56 @@ def running_pid() -> Optional[int]:
 #   other Python threads: a fork copies one thread of many, and a lock another held at that
 #   moment (a stream's, a logging handler's) would stay held in the server and in every worker
 #   forked from it, restarts included;
+# - while the trainer runs any native thread, as the kernel counts them (/proc/self/task): a
+#   BLAS or OpenMP pool (numpy's OpenBLAS starts one at import on any machine of two cores or
+#   more; torch's intra-op pool at its first parallel op) is copied without its threads, and
+#   GNU OpenMP in a fork waits for them for ever: an env whose step ran a torch op hung at it in
+#   every worker, restarts included, once the trainer had run torch on 4 threads (upstream's
+#   forked workers hang the same way). In practice the fork is taken where the trainer runs with
+#   ``OMP_NUM_THREADS=1`` (common in sweeps and on clusters) or on one core;
 # - in a trainer that has used CUDA already: a fork cannot use it again (torch says so);
 # - on Python 3.14 and later, whose server takes an authentication key this does not pass;
 # - without the Linux hardening (the portable path, macOS, Windows), which the fork needs.
-# The fork keeps nothing of the trainer's but its memory (local/linux/forked_server.py says
-# how). Its command line is the trainer's, as a forked worker's is upstream; ``running_pid``
-# names it. Threads of C libraries (torch starts one at import) are let be: they take none of
-# Python's locks, and upstream forks the trainer with them at every worker start (Python 3.12
-# and 3.13 warn about such a fork all the same). As for any fork server, the first manager of a
-# process decides: later ones, whatever their env, get their workers from the server that runs.
+# The fork keeps nothing of the trainer's but its memory and its log files
+# (local/linux/forked_server.py says how); the memory it keeps for its life, and its workers
+# share it (docs/benchmarks.md measures it). Its command line is the trainer's, as a forked
+# worker's is upstream; ``running_pid`` names it, and the log line and mlagents-learn's
+# ``Env manager:`` line say which server runs and, for a fresh one, why it is not a fork. As for
+# any fork server, the first manager of a process decides: later ones, whatever their env, get
+# their workers from the server that runs (or from the one made when it died).
 def _multiprocessings_server() -> Any:
     """multiprocessing's one ForkServer (a forked server takes over its private state)."""
     return multiprocessing.forkserver._forkserver  # type: ignore[attr-defined,unused-ignore]  # on win32
 
 
-def _can_fork_here() -> bool:
-    """Where NOTE [ A fork server forked from the trainer ] allows the fork, the env aside."""
+def _why_not_fork() -> Optional[str]:
+    """Why NOTE [ A fork server forked from the trainer ] does not allow the fork here, the env
+    aside; None where it does."""
     from mlagents_plugin.core import platform
 
     torch, ray = sys.modules.get("torch"), sys.modules.get("ray")
-    return (
-        platform.hardened()
-        and sys.version_info < (3, 14)
-        and threading.current_thread() is threading.main_thread()
-        and threading.active_count() == 1
-        and not (torch is not None and torch.cuda.is_initialized())
-        and not (ray is not None and ray.is_initialized())
-    )
+    if not platform.hardened():
+        return "the portable path"
+    if sys.version_info >= (3, 14):
+        return "Python 3.14 and later"
+    if threading.current_thread() is not threading.main_thread() or threading.active_count() > 1:
+        return "this process runs other Python threads"
+    if torch is not None and torch.cuda.is_initialized():
+        return "this process has used CUDA"
+    if ray is not None and ray.is_initialized():
+        return "this process is a Ray driver"
+    threads = native_threads()
+    if threads > 1:
+        return (
+            f"it runs {threads - 1} native thread(s) besides its own (a BLAS or OpenMP pool, as "
+            "numpy and torch start: a fork would copy the pool without its threads)"
+        )
+    return None
+
+
+def native_threads() -> int:
+    """The kernel's count of this process's threads (Python's and C libraries' alike)."""
+    return len(os.listdir("/proc/self/task"))
 
 
 @contextlib.contextmanager

@@ -3,17 +3,21 @@ local/fork_server.py says when): multiprocessing's own server code, in a process
 module the trainer has.
 
 # NOTE [ A fork of the trainer as the fork server ]
-# The fork keeps nothing of the trainer's but its memory. Every inherited descriptor is pointed
-# at /dev/null: the server holds no port, pipe or file of the trainer's, and a stale object that
-# writes to one writes nowhere (closed, its number could be reused by a worker's pipe). stdout
-# and stderr are made again on descriptors 1 and 2, as a fresh interpreter has them. Python's
+# The fork keeps nothing of the trainer's but its memory and where it logs. Every inherited
+# descriptor but those of the trainer's logging handlers (a FileHandler's file, which an env's
+# log records reach as they do from upstream's forked workers) is pointed at /dev/null: the
+# server holds no port, pipe or other file of the trainer's, and a stale object that writes to
+# one writes nowhere (closed, its number could be reused by a worker's pipe). stdout and stderr
+# are made again on descriptors 1 and 2, as a fresh interpreter has them. Python's
 # signal handlers go back to the defaults; SIGINT and SIGHUP stay blocked, as for a fresh server
 # (NOTE [ Trainer signals ]). The collector leaves the trainer's objects alone (``gc.freeze``),
 # so that none of their finalizers runs there, and only ``os._exit`` ends the server: the
 # trainer's atexit handlers are not its own. multiprocessing's client side is untouched: the
 # trainer's ForkServer gets the address, alive pipe and pid it would have set itself.
 """
+import contextlib
 import gc
+import logging
 import multiprocessing.forkserver
 import os
 import signal
@@ -57,7 +61,7 @@ def _serve(server: Any, listener_fd: int, alive_r: int) -> NoReturn:
     code = 0
     try:
         gc.freeze()
-        _point_inherited_descriptors_at_devnull(keep={0, 1, 2, listener_fd, alive_r})
+        _point_inherited_descriptors_at_devnull(keep={0, 1, 2, listener_fd, alive_r} | _logging_descriptors())
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
         signal.set_wakeup_fd(-1)
@@ -73,6 +77,21 @@ def _serve(server: Any, listener_fd: int, alive_r: int) -> NoReturn:
         code = 1
     finally:
         os._exit(code)
+
+
+def _logging_descriptors() -> Set[int]:
+    """The descriptors of the trainer's logging handlers (a FileHandler's file): an env's log
+    records reach them, as they do from upstream's forked workers."""
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    descriptors = set()
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # no file, or closed
+                descriptors.add(stream.fileno())  # type: ignore[union-attr]
+    return descriptors
 
 
 def _point_inherited_descriptors_at_devnull(keep: Set[int]) -> None:
