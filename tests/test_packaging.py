@@ -1,5 +1,7 @@
 """What ``pip install mlagents-plugin`` gets: an sdist and a wheel built from this checkout hold
-everything a user runs, and nothing needs the checkout (docs/install.md)."""
+everything a user runs, and nothing needs the checkout (docs/install.md); both carry the metadata a
+public release needs, and ask for nothing in a way that could move a pin of ML-Agents (issue 32)."""
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from packaging.requirements import Requirement
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,6 +34,11 @@ def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], check=True, capture_output=True)
     return out
+
+
+def _metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read("mlagents_plugin-0.1.0.dist-info/METADATA").decode()
 
 
 def _wheel_files(wheel: Path):
@@ -99,3 +107,55 @@ def test_the_installed_wheel_needs_no_checkout(built, tmp_path):
         target / "mlagents_plugin" / "config" / "simple_python_env.yaml"
     ).read_text(), written.stdout
     assert (tmp_path / "out" / "builds" / "goal.x86_64").exists()
+
+
+def test_the_sdist_and_the_wheel_pass_twine_check_and_carry_what_a_release_needs(built):
+    """What PyPI takes: ``twine check --strict`` on both, the licence file in both, and the fields
+    a public release shows."""
+    [wheel], [sdist] = built.glob("*.whl"), built.glob("*.tar.gz")
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
+    assert "mlagents_plugin-0.1.0.dist-info/licenses/LICENSE" in _wheel_files(wheel)
+    with tarfile.open(sdist) as archive:
+        assert "mlagents_plugin-0.1.0/LICENSE" in archive.getnames()
+        shipped = archive.extractfile("mlagents_plugin-0.1.0/LICENSE").read()
+    assert shipped == (REPO / "LICENSE").read_bytes()
+    assert b"Apache License" in shipped and b"Version 2.0, January 2004" in shipped
+    metadata = _metadata(wheel)
+    for field in (
+        "License: Apache-2.0", "License-File: LICENSE", "Author: mlagents-plugin developers",
+        "Requires-Python: >=3.10", "Description-Content-Type: text/markdown",
+        "Classifier: Programming Language :: Python :: 3.10", "Keywords: unity,ml-agents,",
+    ):
+        assert field in metadata
+
+
+def test_what_mlagents_also_needs_is_asked_for_with_its_own_bounds(built):
+    """``pip install --force-reinstall`` reinstalls each requirement at the newest version it allows,
+    whatever installed packages ask for: a requirement looser than ML-Agents' moves its pin (issue
+    32: an unbounded numpy took 1.23.5 to 2.2.6). So each requirement on Python 3.10 of a package
+    ML-Agents also requires has ML-Agents' own bounds, and numpy, which mlagents-envs 1.0.0 and 1.1.0
+    pin differently (==1.21.2; >=1.23.5,<1.24.0), is not asked for at all."""
+    [wheel] = built.glob("*.whl")
+    ours = [
+        Requirement(line.partition(": ")[2]) for line in _metadata(wheel).splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    py310 = {"python_version": "3.10", "python_full_version": "3.10.12", "extra": ""}
+    ours = [r for r in ours if r.marker is None or r.marker.evaluate(py310)]
+    theirs = {}
+    for dist in ("mlagents", "mlagents-envs"):
+        for line in importlib.metadata.requires(dist) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate(py310):
+                theirs.setdefault(requirement.name.lower(), []).append((dist, requirement.specifier))
+    assert "numpy" in theirs and "numpy" not in {r.name.lower() for r in ours}
+    shared = [r for r in ours if r.name.lower() in theirs]
+    assert {r.name.lower() for r in shared} >= {"attrs", "cattrs", "cloudpickle", "pillow", "pyyaml"}
+    for requirement in shared:
+        for dist, specifier in theirs[requirement.name.lower()]:
+            assert requirement.specifier == specifier, (str(requirement), dist, str(specifier))
