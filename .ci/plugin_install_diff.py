@@ -1,14 +1,22 @@
-"""Check what installing mlagents-plugin changed in an environment: ``pip freeze`` before and after
-may differ only by the plugin, its own new dependencies, and setuptools (pinned below 81 so that
-mlagents-learn can import pkg_resources). Run by the Makefile's Python 3.10 leg, in the
+"""Check what a pip command on mlagents-plugin changed in an environment: ``pip freeze --all``
+before ML-Agents' environment met the plugin and after the command may differ only by the plugin,
+its own new dependencies, and setuptools (pinned below 81 so that mlagents-learn can import
+pkg_resources). Run by .ci/official_venv.sh (the Makefile's Python 3.10 legs) after each of
+``pip install``, ``pip install --force-reinstall``, ``pip install -U`` and ``pip uninstall``, in the
 environment it checks.
 
-    python .ci/plugin_install_diff.py FREEZE_BEFORE FREEZE_AFTER
+    python .ci/plugin_install_diff.py FREEZE_BEFORE FREEZE_AFTER [--wheel WHEEL] [--what COMMAND]
+
+The plugin's own dependencies are read from WHEEL's metadata when given (after ``pip uninstall``
+the environment no longer has it), else from the installed plugin's.
 """
+import argparse
 import importlib.metadata
 import re
 import sys
-from typing import Dict
+import zipfile
+from email.parser import HeaderParser
+from typing import Dict, List, Optional
 
 ALLOWED_TO_CHANGE = {"setuptools"}
 
@@ -26,9 +34,26 @@ def _freeze(path: str) -> Dict[str, str]:
     return packages
 
 
-def main(before_path: str, after_path: str) -> int:
-    before, after = _freeze(before_path), _freeze(after_path)
-    requirements = importlib.metadata.requires("mlagents-plugin") or []
+def _requirements(wheel: Optional[str]) -> List[str]:
+    if wheel is None:
+        return importlib.metadata.requires("mlagents-plugin") or []
+    with zipfile.ZipFile(wheel) as archive:
+        [name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = HeaderParser().parsestr(archive.read(name).decode())
+    return metadata.get_all("Requires-Dist") or []
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--wheel", help="the plugin's wheel, whose metadata names its dependencies")
+    parser.add_argument("--what", default="pip install mlagents-plugin", help="the command, for the report")
+    args = parser.parse_args(argv)
+    before, after = _freeze(args.before), _freeze(args.after)
+    # What a plain install may bring: its requirements without an extra (extras are installed later,
+    # for the tests, and not checked).
+    requirements = [r for r in _requirements(args.wheel) if not re.search(r"\bextra\s*==", r)]
     ours = {"mlagents-plugin"} | {_canonical(re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0]) for r in requirements}
     problems = [f"{name} {version} was removed" for name, version in before.items() if name not in after]
     problems += [
@@ -43,7 +68,7 @@ def main(before_path: str, after_path: str) -> int:
     ]
     added = sorted(f"{name} {version}" for name, version in after.items() if name not in before)
     changed = sorted(f"{name} {before[name]} -> {v}" for name, v in after.items() if before.get(name, v) != v)
-    print(f"Installing mlagents-plugin added {', '.join(added) or 'nothing'}; "
+    print(f"Since ML-Agents' own install, `{args.what}` left added {', '.join(added) or 'nothing'}; "
           f"changed {', '.join(changed) or 'nothing'}.")
     for problem in problems:
         print(f"  NOT ALLOWED: {problem}")
@@ -51,4 +76,4 @@ def main(before_path: str, after_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    sys.exit(main())
