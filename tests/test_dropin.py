@@ -152,6 +152,39 @@ def test_workers_do_not_load_torch_although_the_run_options_name_ppo(tmp_path):
             trainer.wait()
 
 
+SPAWNING_TRAINER = textwrap.dedent("""
+    import torch_env  # beside this script: it imports torch
+    from mlagents.trainers.settings import RunOptions
+    from mlagents_plugin import EnvManagerSettings, SupervisedEnvManager
+    if __name__ == "__main__":
+        manager = SupervisedEnvManager(torch_env.make_env, RunOptions(), 2, EnvManagerSettings(start_method="spawn"))
+        manager.reset()
+        manager.close()
+        print("closed", flush=True)
+""")
+
+TORCH_ENV_MODULE = textwrap.dedent("""
+    import torch
+    from mlagents_plugin.testing import SimpleEnvironment
+    def make_env(worker_id, side_channels):
+        return SimpleEnvironment(worker_id, side_channels)
+""")
+
+
+@pytest.mark.timeout(90)
+def test_spawned_workers_of_a_torch_env_leave_without_a_word(tmp_path):
+    """Issue 32: a spawned worker ran its interpreter's teardown, where torch's library
+    finalizers print "Exception ignored ... 'NoneType' object is not callable" (about three
+    per worker). It now leaves as a forked one does, by os._exit once it is done."""
+    (tmp_path / "torch_env.py").write_text(TORCH_ENV_MODULE)
+    (tmp_path / "trainer.py").write_text(SPAWNING_TRAINER)
+    run = subprocess.run(
+        [sys.executable, str(tmp_path / "trainer.py")], cwd=tmp_path, capture_output=True, text=True, timeout=80
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("closed"), run.stderr[-3000:]
+    assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def goal_build(tmp_path_factory):
     directory = tmp_path_factory.mktemp("builds")

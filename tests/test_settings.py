@@ -98,3 +98,12 @@ def test_ray_section_is_parsed_strictly():
         parse_section({"backend": "ray", "ray": {"num_cpus": 1}})
     with pytest.raises(TrainerConfigError, match="env_manager.backend: expected one of subprocess, ray, got 'k8s'"):
         parse_section({"backend": "k8s"})
+
+
+@pytest.mark.fast
+def test_listen_takes_localhost_as_loopback_and_says_a_host_name_is_not_looked_up():
+    """Issue 32: ``listen: localhost`` was refused, though it names what loopback binds."""
+    assert parse_section({"listen": "localhost"}).listen == "loopback"
+    assert parse_section({"listen": "LocalHost"}).as_dict()["listen"] == "loopback"
+    with pytest.raises(TrainerConfigError, match="a host name is not looked up.*got 'trainer.example'"):
+        parse_section({"listen": "trainer.example"})

@@ -164,6 +164,11 @@ def _start_method(instance: Any, attribute: "attr.Attribute", value: Optional[st
         )
 
 
+def _loopback_by_name(value: Any) -> Any:
+    """``localhost`` is what ``loopback`` binds (127.0.0.1, and ::1 where the machine has it)."""
+    return "loopback" if isinstance(value, str) and value.lower() == "localhost" else value
+
+
 def _listen_address(value: Any) -> bool:
     if value in LISTEN_CHOICES:
         return True
@@ -212,8 +217,10 @@ class EnvManagerSettings:
     # integration/rpc_server.py): loopback, all (as mlagents-envs), or loopback and one address
     listen: str = attr.ib(
         default="loopback",
+        converter=_loopback_by_name,
         validator=_expect(
-            "loopback, all (every address), or one IP address of this machine",
+            "loopback (or localhost), all (every address), or one IP address of this machine (an "
+            "address: a host name is not looked up)",
             lambda v: isinstance(v, str) and _listen_address(v),
         ),
     )

@@ -96,14 +96,26 @@ def worker_main(conn: WorkerConnection, spec: WorkerSpec) -> None:
         signals.unblock_interrupts()  # blocked since it started: NOTE [ Trainer signals ]
     processes.tag_this_process(spec.owner_tag)
     logging_util.set_log_level(spec.log_level)
+    code = 1
     try:
         _Worker(conn, spec).run()
+        code = 0
     finally:
-        # The worker closed its env itself. A forked worker leaves by os._exit and never runs
-        # atexit handlers; a spawned one would, and mlagents-envs registers one for every
-        # UnityEnvironment, which fails noisily on an env stopped while it was being built
-        # (no ``_communicator`` yet). Both leave alike.
-        atexit._clear()
+        # The worker closed its env itself. A forked worker leaves by os._exit once
+        # multiprocessing is done with it, and runs no atexit handler; a spawned one would run
+        # them, then tear its modules down: mlagents-envs registers a handler for every
+        # UnityEnvironment, which fails noisily on an env stopped while it was being built (no
+        # ``_communicator`` yet), and torch's library finalizers fail once their module's globals
+        # are gone. So a spawned one leaves the same way: registered last, this runs first.
+        atexit.register(_leave, code)
+
+
+def _leave(code: int) -> None:
+    """The end of a worker, whatever started it: its output flushed, then ``os._exit``."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or gone
+            stream.flush()
+    os._exit(code)
 
 
 def worker_preload() -> List[str]:
