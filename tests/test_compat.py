@@ -16,6 +16,7 @@ from mlagents.trainers.torch_entities.networks import SimpleActor
 
 from mlagents_plugin.core.internals import Internal, original
 from mlagents_plugin.integration import compat, entry, plugin
+from mlagents_plugin.local import fork_server
 from mlagents_plugin.ray import local as ray_local
 from mlagents_plugin.testing import SimpleEnvironment
 
@@ -90,6 +91,18 @@ def test_dropping_a_workers_trajectories_keeps_the_others():
     assert {gid for gid in tracked if gid.startswith("agent_12-")} == {
         f"agent_12-{i}" for i in np.arange(3)
     }
+
+
+@pytest.mark.fast
+def test_nothing_the_fork_server_relies_on_in_this_python_is_missing(monkeypatch):
+    assert fork_server.check() == []
+    monkeypatch.setattr(fork_server, "INTERNALS", [
+        Internal("multiprocessing.forkserver:ForkServer.__init__", "test", "self._no_such_field"),
+    ])
+    assert fork_server.check() == [
+        f"Python {sys.version.split()[0]}: multiprocessing.forkserver:ForkServer.__init__ no longer mentions "
+        "'self._no_such_field' (local/fork_server.py)."
+    ]
 
 
 @pytest.mark.fast

@@ -15,6 +15,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from mlagents_envs import logging_util
 
+from mlagents_plugin.core.internals import Internal, verify
+
 # NOTE [ The fork server's sys.path ]
 # multiprocessing hands the fork server the trainer's sys.path and then, in every Python from
 # 3.10 to 3.13, does not apply it: the server imports its preloads on the sys.path of a bare
@@ -29,6 +31,36 @@ from mlagents_envs import logging_util
 # only that), and with it every later worker start; a worker then imports it and says why.
 TRAINER_ENV = "MLAGENTS_PLUGIN_FORK_SERVER"
 logger = logging_util.get_logger(__name__)
+
+# multiprocessing's and logging's internals this module and local/linux/forked_server.py rely
+# on; ``check`` runs in the doctor and the test suite (core/internals.py), so that a Python
+# upgrade that changes them fails there, loudly.
+INTERNALS = [
+    Internal("multiprocessing.forkserver:_forkserver", "the one ForkServer, whose state a forked server sets"),
+    Internal("multiprocessing.forkserver:ForkServer.__init__", "set by a forked server; reset when one dies",
+             "self._forkserver_address"),
+    Internal("multiprocessing.forkserver:ForkServer.__init__", "", "self._forkserver_alive_fd"),
+    Internal("multiprocessing.forkserver:ForkServer.__init__", "", "self._forkserver_pid"),
+    Internal("multiprocessing.forkserver:ForkServer.__init__", "taken while a forked server starts", "self._lock"),
+    Internal("multiprocessing.forkserver:ForkServer.__init__", "what a forked server imports",
+             "self._preload_modules"),
+    Internal("multiprocessing.forkserver:ForkServer.ensure_running",
+             "its check of a dead server, which ours mirrors (NOTE [ A fork server dies ])",
+             "os.waitpid(self._forkserver_pid, os.WNOHANG)"),
+    Internal("multiprocessing.forkserver:main", "a forked server's loop, called with the trainer's listener"),
+    Internal("multiprocessing.util:_flush_std_streams", "flushed before the trainer forks"),
+    Internal("multiprocessing.popen_forkserver:Popen.poll", "exit code 255 for a worker whose server is gone",
+             "returncode = 255"),
+    Internal("logging:Manager.__init__", "a forked server keeps the files of every logger's handlers",
+             "self.loggerDict"),
+]
+
+
+def check() -> List[str]:
+    """What of ``INTERNALS`` this Python no longer has (none matter off Linux: no fork server)."""
+    if sys.platform == "win32":
+        return []
+    return [f"Python {sys.version.split()[0]}: {p} (local/fork_server.py)." for p in verify(INTERNALS)]
 
 _factory_modules: List[str] = []  # in the trainer: what the next server start preloads
 _fork_this_process = False  # in the trainer: whether the next server start forks it
