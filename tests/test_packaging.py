@@ -1,11 +1,13 @@
 """What ``pip install mlagents-plugin`` gets: an sdist and a wheel built from this checkout hold
 everything a user runs, and nothing needs the checkout (docs/install.md); both carry the metadata a
 public release needs, and ask for nothing in a way that could move a pin of ML-Agents (issue 32)."""
+import fcntl
 import importlib.metadata
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from helpers import REPO
 from packaging.requirements import Requirement
 
 pytestmark = pytest.mark.timeout(300)
+_BUILD_LOCK = Path(tempfile.gettempdir()) / "mlagents-plugin-tests-build.lock"
 
 # What a user runs from the wheel: the docs' configurations, the player, the pytest plugin, the
 # .pth that serves protobuf 6 to mlagents-envs on Python 3.11, the Linux hardening's scripts.
@@ -32,7 +35,14 @@ IN_THE_WHEEL = [
 def built(tmp_path_factory) -> Path:
     """``python -m build``: an sdist, and a wheel built from that sdist (as pip does from PyPI)."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], check=True, capture_output=True)
+    # Building writes mlagents_plugin.egg-info/ and build/ in the checkout: under pytest-xdist each
+    # worker that runs a test of this module builds, and two builds at once break each other.
+    with open(_BUILD_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other holds it for seconds; pytest-timeout bounds the wait
+        built = subprocess.run(
+            [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], capture_output=True, text=True
+        )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return out
 
 
