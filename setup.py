@@ -26,7 +26,8 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     author="mlagents-plugin developers",
-    # Apache-2.0, as ML-Agents is. The LICENSE file goes into the sdist and the wheel (.dist-info/licenses).
+    # Apache-2.0 (ML-Agents' metadata names the Apache licence too). LICENSE goes into the sdist and
+    # the wheel (.dist-info/licenses).
     license="Apache-2.0",
     license_files=["LICENSE"],
     keywords=["unity", "ml-agents", "reinforcement-learning", "environment", "multiprocessing", "supervision"],
