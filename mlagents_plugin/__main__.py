@@ -199,9 +199,11 @@ def _check_runtime() -> List[str]:
     except Exception as e:  # any import failure is the answer to report
         return [f"`mlagents-learn` cannot start: importing mlagents.trainers.learn raised {e!r}"]
     from mlagents_plugin import fast_protobuf
+    from mlagents_plugin.local import fork_server
     from mlagents_plugin.ray import local as ray_local
 
     problems += ray_local.check()
+    problems += fork_server.check()
     warning = fast_protobuf.slow_backend_warning()
     if warning:
         problems.append(warning)
