@@ -19,12 +19,13 @@ SOURCES := setup.py $(shell find mlagents_plugin config -type f -not -path '*/__
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 # The ML-Agents 1.0.0 leg: what touches ML-Agents (docs/platforms.md has the table).
 MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli.py tests/test_dropin.py \
-	tests/test_real_faults_learn.py tests/test_network.py \
+	tests/test_real_faults_learn.py tests/test_network.py tests/test_trainers.py \
 	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes
 # The portable leg (docs/platforms.md): what macOS and Windows run, on Linux.
 PORTABLE_TESTS := tests/test_contract.py tests/test_faults.py tests/test_real_faults.py \
 	tests/test_real_faults_learn.py tests/test_shutdown.py tests/test_signals.py tests/test_terminal.py tests/test_wire.py \
 	tests/test_network.py \
+	tests/test_trainers.py::test_mlagents_learn_trains_with_ppo_fast_from_one_word \
 	tests/test_player.py::test_death_during_handshake_is_recovered_by_the_manager \
 	tests/test_dropin.py::test_reset_raises_the_error_of_a_worker_that_cannot_start \
 	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \

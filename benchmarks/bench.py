@@ -9,7 +9,7 @@ results/bench/): throughput trainer unity startup faults drift ray training conc
 
 Runs that stand alone, with options of their own (``bench.py RUN --help``): chaos, compare-faults
 (the fault benchmarks, with the ``faults`` section), ray-faults, ray-scale, training-python (the
-``training`` section's Python-env cases alone).
+``training`` section's Python-env cases alone), ppo-update (``ppo`` against ``ppo_fast``).
 """
 import argparse
 import json
@@ -25,6 +25,7 @@ RUNS = {  # stand-alone runs: each its own process, as it needs (a Ray cluster, 
     "ray-faults": ["ray_faults.py"],
     "ray-scale": ["ray_scale.py"],
     "training-python": ["training.py", "--python-only"],
+    "ppo-update": ["ppo_update.py"],
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in RUNS:

@@ -31,7 +31,7 @@ def test_quick_benchmarks_run_and_report(tmp_path):
     assert all(row["ours"]["cold_startup_s"] > 0 for row in report["startup"])
 
 
-@pytest.mark.parametrize("run", ["chaos", "compare-faults", "ray-faults", "ray-scale", "training-python"])
+@pytest.mark.parametrize("run", ["chaos", "compare-faults", "ray-faults", "ray-scale", "training-python", "ppo-update"])
 @pytest.mark.timeout(120)
 def test_bench_py_is_the_front_of_every_stand_alone_run(run):
     """``bench.py RUN --help`` reaches the run's own options (benchmarks/README.md's commands)."""

@@ -70,6 +70,18 @@ INTERNALS = [
              "replaced: binds every address, where ours binds loopback", '"[::]:"'),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.__init__", "creates the server", "self.create_server()"),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.check_port", "called by our create_server"),
+    # trainers/ppo_fast.py: its update is upstream's, on arrays (NOTE [ The same minibatches ])
+    Internal("mlagents.trainers.trainer.on_policy_trainer:OnPolicyTrainer._update_policy",
+             "ppo_fast's update draws what it draws, in the same order",
+             "self.update_buffer.shuffle(sequence_length=self.policy.sequence_length)"),
+    Internal("mlagents.trainers.trainer.on_policy_trainer:OnPolicyTrainer._update_policy", "",
+             "minibatch = buffer.make_mini_batch(i, i + batch_size)"),
+    Internal("mlagents.trainers.trainer.on_policy_trainer:OnPolicyTrainer._update_policy", "",
+             "(advantages - advantages.mean()) / (advantages.std() + 1e-10)"),
+    Internal("mlagents.trainers.buffer:AgentBuffer.shuffle", "ppo_fast makes the same draw", "np.random.shuffle(s)"),
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer._clear_update_buffer", "called by ppo_fast's update"),
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer.__init__", "cleared by ppo_fast's update",
+             "self.cumulative_returns_since_policy_update"),
 ]
 
 

@@ -1,9 +1,10 @@
 """ML-Agents entry points: stock ``mlagents-learn`` builds its env manager through us.
 
 ML-Agents loads ``mlagents.trainer_type`` plugins in ``parse_command_line``, before it reads
-the YAML. Our entry point returns no trainers; it installs the hooks (see compat.py) that
-take the ``env_manager:`` section out of the YAML, validate it, and make ``run_training``
-call ``Run.make_env_manager`` where it would construct ``SubprocessEnvManager``.
+the YAML. Our entry point installs the hooks (see compat.py) that take the ``env_manager:``
+section out of the YAML, validate it, and make ``run_training`` call ``Run.make_env_manager``
+where it would construct ``SubprocessEnvManager``; and it returns this package's trainer types
+(trainers/, docs/trainers.md).
 """
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
@@ -30,7 +31,8 @@ logger = logging_util.get_logger(__name__)
 
 
 def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The ``mlagents.trainer_type`` entry point: install the hooks, add no trainer types.
+    """The ``mlagents.trainer_type`` entry point: install the hooks; ``ppo_fast`` is ML-Agents'
+    PPO with its settings (``PPOSettings``) and a faster update.
 
     The hooks share one ``Run``; registering again (another run in this process) installs new
     hooks around ML-Agents' originals, and the latest registration wins."""
@@ -41,7 +43,11 @@ def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
     compat.install_env_manager(run.make_env_manager)
     compat.install_run_options_writer(lambda: {SECTION: run.settings.as_dict()})
     compat.use_legacy_onnx_exporter()
-    return {}, {}
+    from mlagents.trainers.ppo.optimizer_torch import PPOSettings  # torch: only mlagents-learn gets here
+
+    from mlagents_plugin.trainers.ppo_fast import TRAINER_NAME, FastPPOTrainer
+
+    return {TRAINER_NAME: FastPPOTrainer}, {TRAINER_NAME: PPOSettings}
 
 
 class Run:
