@@ -98,13 +98,18 @@ def test_healthy_workers_keep_stepping_while_one_restarts(run_options, env_manag
         ("sigkill", "was killed by SIGKILL: out of memory?"),
         ("sigsegv", "was killed by SIGSEGV: a crash in native code"),
         ("exit", "exited with code 3"),
+        # what multiprocessing reports for a worker whose fork server died (NOTE [ A fork server
+        # dies ]): the server lives, so it is the worker's own exit, and counted
+        ("exit 255", "exited with code 255"),
     ],
 )
 def test_death_is_explained(run_options, env_manager_factory, how, expected):
     """Noticed by the sentinel (step_timeout_s is far beyond the test's timeout), named, and
     raised once the quota (here none) is spent."""
     run_options.env_settings.max_lifetime_restarts = 0
-    kwargs = {"sigsegv": dict(signal_number=signal.SIGSEGV), "exit": dict(exit_code=3)}.get(how, {})
+    kwargs = {
+        "sigsegv": dict(signal_number=signal.SIGSEGV), "exit": dict(exit_code=3), "exit 255": dict(exit_code=255)
+    }.get(how, {})
     factory = make_factory(HardExitEnvironment, after_steps=10**9 if how == "sigkill" else 3, only_worker=1, **kwargs)
     manager = env_manager_factory(factory, 2, step_timeout_s=600)
     manager.reset()
@@ -114,7 +119,8 @@ def test_death_is_explained(run_options, env_manager_factory, how, expected):
     with pytest.raises(WorkerDiedError) as info:
         step_until(manager, lambda: False)
     assert f"env worker 1 (pid {pid}) {expected}" in str(info.value)
-    assert info.value.exitcode == {"sigkill": -signal.SIGKILL, "sigsegv": -signal.SIGSEGV, "exit": 3}[how]
+    codes = {"sigkill": -signal.SIGKILL, "sigsegv": -signal.SIGSEGV, "exit": 3, "exit 255": 255}
+    assert info.value.exitcode == codes[how]
     assert any("no restarts left" in note for note in info.value.__notes__)
 
 

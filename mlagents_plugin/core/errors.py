@@ -63,7 +63,15 @@ class WorkerDiedError(EnvWorkerError):
 
 class ForkServerDiedError(WorkerDiedError):
     """The fork server a worker was forked from died, and the worker with it: not the worker's
-    fault, so its restart is not counted (NOTE [ A fork server dies ] in local/fork_server.py)."""
+    fault, so its restart is not counted, unless the server died too often (``counted``: NOTE
+    [ A fork server dies ] in local/fork_server.py)."""
+
+    def __init__(self, message: str, worker_id: int, pid: Optional[int], counted: bool = False):
+        super().__init__(message, worker_id, pid)
+        self.counted = counted
+
+    def __reduce__(self):
+        return type(self), (str(self), self.worker_id, self.pid, self.counted)
 
 
 class WorkerTimeoutError(EnvWorkerError):

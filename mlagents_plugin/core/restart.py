@@ -59,7 +59,7 @@ class Cause(enum.Enum):
 def cause_of(exc: BaseException, restart_on: Sequence[str] = ()) -> Cause:
     if isinstance(exc, PERMANENT):
         return Cause.OTHER
-    if isinstance(exc, ForkServerDiedError):
+    if isinstance(exc, ForkServerDiedError) and not exc.counted:
         return Cause.FORK_SERVER
     if isinstance(exc, WorkerDiedError):
         return Cause.DIED

@@ -53,8 +53,8 @@ class _Worker:
     incarnation: int
     label: str
     last_command: Optional[EnvironmentCommand] = None  # the last one delivered, for its death's message
-    # the fork server it was forked from, and the process itself as psutil names it (pid reuse
-    # safe), to take it down if that server dies (NOTE [ A fork server dies ])
+    # the generation of the fork server it was forked from, and the process itself as psutil
+    # names it (pid reuse safe), to take it down if that server dies (NOTE [ A fork server dies ])
     server: Optional[int] = None
     psutil_process: Optional[psutil.Process] = None
 
@@ -88,17 +88,17 @@ class ProcessBackend(Backend):
             hardened=self._hardening.hardened,
             segment_prefix=self._segment_prefix(worker_id, incarnation),
         )
-        server = None
         try:
             if self._context.get_start_method() == "forkserver":
                 fork_server.ensure_running()  # NOTE [ The fork server's sys.path ]
-                server = fork_server.running_pid()
             process, conn = start_worker(self._context, spec)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             if self._context.get_start_method() != "forkserver" or _fork_server_socket_exists():
                 raise
-            self._context, server = _without_fork_server(e), None
+            self._context = _without_fork_server(e)
             process, conn = start_worker(self._context, spec)
+        # read after the start: the server that forked it (NOTE [ A fork server dies ])
+        server = fork_server.current() if self._context.get_start_method() == "forkserver" else None
         assert process.pid is not None  # started
         self._hardening.watch_worker(process.pid)  # NOTE [ No orphans ]
         placement = Placement(worker_id, process.pid, *self._host)
@@ -286,9 +286,9 @@ class ProcessBackend(Backend):
             worker.process.join(SENTINEL_WAIT_S)
             exitcode = worker.process.exitcode
             if exitcode == FORK_SERVER_LOST:  # or the worker's own exit code (NOTE [ A fork server dies ])
-                server_end = fork_server.ended(worker.server, within_s=SENTINEL_WAIT_S)
-                if server_end is not None:
-                    events.append(Death(worker_id, worker.incarnation, _orphaned(worker_id, worker, server_end)))
+                end = fork_server.ended(worker.server, within_s=SENTINEL_WAIT_S)
+                if end is not None:
+                    events.append(Death(worker_id, worker.incarnation, _orphaned(worker_id, worker, end)))
                     return events
             error = WorkerDiedError(
                 f"{worker.label} {processes.describe_exit(exitcode)} "
@@ -343,17 +343,18 @@ def _psutil_process(server: Optional[int], pid: int) -> Optional[psutil.Process]
         return None
 
 
-def _orphaned(worker_id: int, worker: _Worker, server_end: str) -> ForkServerDiedError:
+def _orphaned(worker_id: int, worker: _Worker, end: fork_server.ServerEnd) -> ForkServerDiedError:
     """A worker whose fork server died: its exit status went with the server, and it may run on,
     so it is killed now; the ladder then finds it gone (NOTE [ A fork server dies ])."""
     if worker.psutil_process is not None:
         with contextlib.suppress(psutil.Error):
             worker.psutil_process.kill()  # psutil checks that the pid still names the worker
     return ForkServerDiedError(
-        f"{worker.label} was lost with the fork server it was forked from (pid {worker.server}), "
-        f"which {server_end} (last command: {command_name(worker.last_command)}).",
+        f"{worker.label} was lost with the fork server it was forked from (pid {end.pid}), "
+        f"which {end.how} (last command: {command_name(worker.last_command)}).",
         worker_id,
         worker.process.pid,
+        counted=not end.free,
     )
 
 

@@ -11,8 +11,9 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional
 
+import psutil
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core.internals import Internal, verify
@@ -98,7 +99,19 @@ def set_preload(factory_modules: List[str], may_fork_this_process: bool = False)
 
 _started_by: Optional[int] = None  # the pid of the process that started the fork server here
 _how = "no fork server yet"  # how the running one was made, for the start line
-_ended: Dict[int, str] = {}  # fork servers of this process that died: pid -> how (NOTE [ A fork server dies ])
+_servers: List[int] = []  # the pid of each fork server this process started; the index is its generation
+_ended: Dict[int, "ServerEnd"] = {}  # by generation: the servers that died (NOTE [ A fork server dies ])
+# Deaths of the fork server in one process whose workers are restarted without counting; from
+# the next one on, each worker lost with it counts as a restart (a server killed again and again).
+FREE_DEATHS = 3
+
+
+class ServerEnd(NamedTuple):
+    """How a fork server of this process ended."""
+
+    pid: int
+    how: str  # "was killed by SIGKILL: ..."
+    free: bool  # whether its workers restart without counting
 
 
 def ensure_running() -> None:
@@ -106,10 +119,10 @@ def ensure_running() -> None:
     that fits, and with SIGINT and SIGHUP blocked (NOTE [ Trainer signals ]); a fork of this
     process where NOTE [ A fork server forked from the trainer ] says so. Once it runs, this only
     checks that it still does (the environment is not touched while other threads may read it);
-    one that died is recorded (NOTE [ A fork server dies ]) and a new one started the same way."""
+    one that died is recorded (NOTE [ A fork server dies ]) and a fresh one started."""
     global _started_by, _how
-    running = running_pid()
-    if _started_by == os.getpid() and running is not None and ended(running) is None:
+    generation = current()
+    if generation is not None and ended(generation) is None:
         return
     from mlagents_plugin.core import platform, signals
     from mlagents_plugin.local import hardening, processes
@@ -132,14 +145,23 @@ def ensure_running() -> None:
             _how = f"a fresh fork server (pid {running_pid()})"
             if not_forked is not None:
                 _how += f", not a fork of this process: {not_forked}"
+    pid = running_pid()
+    assert pid is not None  # started
+    _servers.append(pid)
     _started_by = os.getpid()
     logger.info(f"Env workers start from {_how}.")
 
 
 def running_pid() -> Optional[int]:
-    """The pid of the fork server this process started, if it started one."""
+    """The pid of the fork server running now, if any."""
     pid: Optional[int] = _multiprocessings_server()._forkserver_pid
     return pid
+
+
+def current() -> Optional[int]:
+    """The generation of the fork server this process started last, if it started one: what a
+    worker records, to ask ``ended`` about (a pid can come back; a generation cannot)."""
+    return len(_servers) - 1 if _servers and _started_by == os.getpid() else None
 
 
 def describe() -> str:
@@ -150,48 +172,81 @@ def describe() -> str:
 # NOTE [ A fork server dies ]
 # Every worker is a child of the fork server, and the server reports each one's exit through a
 # status pipe: multiprocessing's ``Popen.poll`` reads it, and once the server is gone the read
-# fails and every worker "exits with code 255" at once, whether it died or not (the pipe closes
-# a moment before the server can be reaped: a worker that reads 255 waits up to a second for it). The fork server
+# fails and every worker "exits with code 255" at once, whether it died or not. The fork server
 # is as likely an OOM victim as any process (a fork of the trainer holds what the trainer held),
-# and a user may kill it. So a worker whose sentinel fires asks ``ended`` about the server it came
-# from: when that server is dead (reaped here: it is this process's child), the worker is taken
-# down (it may run on, orphaned, its exit status lost) and started again from a new server,
-# without counting as one of its restarts (restart.py's ``Cause.FORK_SERVER``): it did nothing
-# wrong. multiprocessing's own record of the server is reset, as its ``ensure_running`` does for a
-# server that died, so that the next start goes through ``ensure_running`` above.
-def ended(pid: Optional[int], within_s: float = 0.0) -> Optional[str]:
-    """How fork server ``pid`` of this process ended, if it did ("was killed by SIGKILL"),
-    waiting up to ``within_s`` for it to finish exiting (its descriptors close first)."""
-    if pid is None or sys.platform == "win32":  # Windows has no fork server
+# and a user may kill it. So a worker that reads 255 asks ``ended`` about the server it came from
+# (by generation: pids come back). The server is this process's child: once dead it is reaped
+# here (the status pipe closes a moment before: a server that is not asleep in its loop is given
+# up to a second). multiprocessing's record of it is reset, as its own ``ensure_running`` does,
+# under multiprocessing's lock, which that method also takes (a user's own forkserver processes in
+# another thread); a server that multiprocessing replaced already died too, as it replaces only
+# a dead one. The worker is then killed (it may run on, orphaned, its exit status lost) and
+# started again, from a fresh server (a fork of the trainer as it is now could be as large as the
+# one the OOM killer chose), without counting as one of its restarts (restart.py's
+# ``Cause.FORK_SERVER``): it did nothing wrong. A server killed again and again is a fault all
+# the same: past ``FREE_DEATHS`` deaths in a process, each lost worker counts as a restart. The
+# next worker start notices a death too (``ensure_running``), if no worker did first.
+def ended(generation: Optional[int], within_s: float = 0.0) -> Optional[ServerEnd]:
+    """How fork server ``generation`` of this process ended, if it did, waiting up to
+    ``within_s`` for one caught in the middle of its exit."""
+    if generation is None or sys.platform == "win32":  # Windows has no fork server
         return None
-    if pid in _ended:
-        return _ended[pid]
-    server = _multiprocessings_server()
-    if pid != server._forkserver_pid:
+    if generation in _ended:
+        return _ended[generation]
+    pid, server = _servers[generation], _multiprocessings_server()
+    with server._lock:
+        if generation in _ended:  # another thread recorded it meanwhile
+            return _ended[generation]
+        if server._forkserver_pid != pid:
+            how = "died, and multiprocessing has started another"
+        else:
+            reaped = _reap(pid, within_s)
+            if reaped is None:
+                return None
+            how = reaped
+            if server._forkserver_alive_fd is not None:
+                os.close(server._forkserver_alive_fd)
+            for attribute in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
+                setattr(server, attribute, None)
+        end = _ended[generation] = ServerEnd(pid, how, free=len(_ended) < FREE_DEATHS)
+    logger.warning(
+        f"The fork server (pid {pid}) {how}. The env workers forked from it are started again from "
+        + (
+            "a fresh one, without counting as restarts"
+            if end.free
+            else f"a fresh one; it has died {len(_ended)} times in this process, so each counts as a restart"
+        )
+        + " (NOTE [ A fork server dies ])."
+    )
+    return end
+
+
+def _reap(pid: int, within_s: float) -> Optional[str]:
+    """How child ``pid`` exited, if it has; None if it lives (asleep in its loop, or still
+    running after ``within_s``)."""
+    from mlagents_plugin.local import processes
+
+    if sys.platform == "win32":  # no fork server there (and no WNOHANG)
         return None
     deadline = time.monotonic() + within_s
     while True:
         try:
             reaped, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere: it is gone all the same
-            reaped, status = pid, 0
-        if reaped != 0:
-            break
-        if time.monotonic() >= deadline:
+        except ChildProcessError:
+            return "died (its exit status was collected elsewhere)"
+        if reaped:
+            return processes.describe_exit(os.waitstatus_to_exitcode(status))
+        if time.monotonic() >= deadline or _asleep(pid):
             return None
         time.sleep(0.01)
-    from mlagents_plugin.local import processes
 
-    _ended[pid] = processes.describe_exit(os.waitstatus_to_exitcode(status))
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-    for attribute in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
-        setattr(server, attribute, None)
-    logger.warning(
-        f"The fork server (pid {pid}) {_ended[pid]}. The env workers forked from it are started "
-        "again from a new one, without counting as restarts (NOTE [ A fork server dies ])."
-    )
-    return _ended[pid]
+
+def _asleep(pid: int) -> bool:
+    """Whether the process waits in its loop (a fork server that serves), not on its way out."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_SLEEPING)
+    except psutil.Error:
+        return False
 
 
 # NOTE [ A fork server forked from the trainer ]
@@ -241,14 +296,16 @@ def _why_not_fork() -> Optional[str]:
     torch, ray = sys.modules.get("torch"), sys.modules.get("ray")
     if not platform.hardened():
         return "the portable path"
+    if _ended:
+        return "a fork server of this process died (NOTE [ A fork server dies ])"
+    if ray is not None and ray.is_initialized():
+        return "this process is a Ray driver"
     if sys.version_info >= (3, 14):
         return "Python 3.14 and later"
     if threading.current_thread() is not threading.main_thread() or threading.active_count() > 1:
         return "this process runs other Python threads"
     if torch is not None and torch.cuda.is_initialized():
         return "this process has used CUDA"
-    if ray is not None and ray.is_initialized():
-        return "this process is a Ray driver"
     threads = native_threads()
     if threads > 1:
         return (

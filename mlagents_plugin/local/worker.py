@@ -96,10 +96,13 @@ def worker_main(conn: WorkerConnection, spec: WorkerSpec) -> None:
         signals.unblock_interrupts()  # blocked since it started: NOTE [ Trainer signals ]
     processes.tag_this_process(spec.owner_tag)
     logging_util.set_log_level(spec.log_level)
-    code = 1
+    code = 1  # what multiprocessing's bootstrap makes of the way the worker ends
     try:
         _Worker(conn, spec).run()
         code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        raise
     finally:
         # The worker closed its env itself. A forked worker leaves by os._exit once
         # multiprocessing is done with it, and runs no atexit handler; a spawned one would run
