@@ -267,6 +267,7 @@ def ml_agents_hooks(monkeypatch):
 
     for owner, name in [
         (mla_settings, "load_config"),
+        (mla_settings, "check_hyperparam_schedules"),
         (learn, "SubprocessEnvManager"),
         (learn, "write_run_options"),
         (model_serialization.ModelSerializer, "export_policy_model"),

@@ -6,9 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import attr
 import pytest
 import yaml
 from helpers import run_learn, write_config
+from mlagents.plugins.trainer_type import register_trainer_plugins
+from mlagents.trainers.settings import RunOptions, ScheduleType
 
 # One training in a process of its own (ML-Agents keeps state between runs in one process), on
 # ML-Agents' in-process SimpleEnvManager: nothing but the seed decides what is learned.
@@ -24,6 +27,8 @@ TRAIN_ONCE = textwrap.dedent("""
     trainer_type, case = sys.argv[1], json.loads(sys.argv[2])
     random.seed(case["seed"]); np.random.seed(case["seed"]); torch.manual_seed(case["seed"])
     config = attr.evolve(PPO_CONFIG, trainer_type=trainer_type, max_steps=case["steps"], summary_freq=250)
+    if case.get("batch_size"):
+        config = attr.evolve(config, hyperparameters=attr.evolve(config.hyperparameters, batch_size=case["batch_size"]))
     if case.get("memory"):
         memory = NetworkSettings.MemorySettings(memory_size=16, sequence_length=case["memory"])
         config = attr.evolve(config, network_settings=attr.evolve(config.network_settings, memory=memory))
@@ -42,6 +47,7 @@ CASES = {
     "continuous": {"env": {"action": "continuous"}},
     "hybrid": {"env": {"action": "hybrid"}},
     "recurrent": {"memory": 4},
+    "recurrent, a batch of 20 in sequences of 8": {"memory": 8, "batch_size": 20},
     "curiosity": {"curiosity": True},
     "visual": {"env": {"visual_shape": [3, 20, 20]}},
 }
@@ -68,6 +74,21 @@ def test_ppo_fast_learns_exactly_what_ppo_learns(tmp_path, case):
     losses = [name for name in ppo["Simple"] if name.startswith("Losses/")]
     assert losses and ppo["Simple"]["Environment/Cumulative Reward"], ppo  # it updated and it scored
     assert fast == ppo
+
+
+@pytest.mark.fast
+def test_a_yaml_means_the_same_settings_for_ppo_fast_as_for_ppo(ml_agents_hooks):
+    """ML-Agents gives beta and epsilon the learning rate's schedule only for the types it names
+    (``ppo``, ``poca``): for ``ppo_fast`` they kept their linear default, another learner."""
+    register_trainer_plugins()  # as mlagents-learn does: ours through the entry point
+    behaviour = {"hyperparameters": {"learning_rate_schedule": "constant", "batch_size": 32}}
+    settings = {
+        trainer_type: RunOptions.from_dict({"behaviors": {"B": {**behaviour, "trainer_type": trainer_type}}})
+        .behaviors["B"]
+        for trainer_type in ("ppo", "ppo_fast")
+    }
+    assert settings["ppo_fast"].hyperparameters.beta_schedule is ScheduleType.CONSTANT
+    assert attr.evolve(settings["ppo_fast"], trainer_type="ppo") == settings["ppo"]
 
 
 @pytest.mark.e2e

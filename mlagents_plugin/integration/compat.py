@@ -70,6 +70,10 @@ INTERNALS = [
              "replaced: binds every address, where ours binds loopback", '"[::]:"'),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.__init__", "creates the server", "self.create_server()"),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.check_port", "called by our create_server"),
+    Internal("mlagents.trainers.settings:check_hyperparam_schedules",
+             "wrapped: ppo_fast's schedules are filled in as ppo's", 'trainer_type == "ppo"'),
+    Internal("mlagents.trainers.settings:TrainerSettings.structure", "calls it by the module's name",
+             "check_hyperparam_schedules("),
     # trainers/ppo_fast.py: its update is upstream's, on arrays (NOTE [ The same minibatches ])
     Internal("mlagents.trainers.trainer.on_policy_trainer:OnPolicyTrainer._update_policy",
              "ppo_fast's update draws what it draws, in the same order",
@@ -180,6 +184,23 @@ def install_config_errors() -> None:
         return from_argparse
 
     _replace(mla_settings.RunOptions, "from_argparse", make)
+
+
+def install_trainer_type_aliases(aliases: Dict[str, str]) -> None:
+    """Read a trainer type of ours as the ML-Agents type it stands for (``ppo_fast`` as ``ppo``)
+    where ML-Agents fills in settings by type: ``check_hyperparam_schedules`` gives ``beta`` and
+    ``epsilon`` the learning rate's schedule only for ``ppo`` and ``poca``, so a YAML that sets
+    ``learning_rate_schedule`` alone would otherwise mean another learner."""
+
+    Check = Callable[[Dict[str, Any], str], Dict[str, Any]]
+
+    def make(original: Check) -> Check:
+        def check_hyperparam_schedules(val: Dict[str, Any], trainer_type: str) -> Dict[str, Any]:
+            return original(val, aliases.get(trainer_type, trainer_type))
+
+        return check_hyperparam_schedules
+
+    _replace(mla_settings, "check_hyperparam_schedules", make)
 
 
 def use_legacy_onnx_exporter() -> None:

@@ -43,10 +43,15 @@ def register() -> Tuple[Dict[str, Any], Dict[str, Any]]:
     compat.install_env_manager(run.make_env_manager)
     compat.install_run_options_writer(lambda: {SECTION: run.settings.as_dict()})
     compat.use_legacy_onnx_exporter()
-    from mlagents.trainers.ppo.optimizer_torch import PPOSettings  # torch: only mlagents-learn gets here
+    try:  # torch: only mlagents-learn (and ML-Agents' own trainers) get here
+        from mlagents.trainers.ppo.optimizer_torch import PPOSettings
+        from mlagents.trainers.ppo.trainer import TRAINER_NAME as PPO
 
-    from mlagents_plugin.trainers.ppo_fast import TRAINER_NAME, FastPPOTrainer
-
+        from mlagents_plugin.trainers.ppo_fast import TRAINER_NAME, FastPPOTrainer
+    except ImportError as e:  # the env manager's hooks are in: only the trainer types are missing
+        logger.warning(f"mlagents-plugin's trainer types are not available ({type(e).__name__}: {e}).")
+        return {}, {}
+    compat.install_trainer_type_aliases({TRAINER_NAME: PPO})
     return {TRAINER_NAME: FastPPOTrainer}, {TRAINER_NAME: PPOSettings}
 
 

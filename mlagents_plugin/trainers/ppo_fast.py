@@ -20,6 +20,7 @@ arrays made once per update instead of Python lists rebuilt at every epoch and m
 # for reward). A field whose entries do not stack into one array (ragged groupmate rewards) is
 # indexed as a list.
 """
+import warnings
 from collections import defaultdict
 from typing import Any, Dict, List, Union
 
@@ -75,15 +76,20 @@ class FastPPOTrainer(PPOTrainer):
 
 
 def _as_arrays(buffer: AgentBuffer) -> Dict[AgentBufferKey, Field]:
-    """Each field as one array, or as a list where its entries do not stack."""
+    """Each field as one array, or as a list where its entries do not stack. Each field's list
+    is emptied once it is copied (the update clears the buffer anyway): the update never holds
+    two copies of more than one field, as camera observations of a large buffer would weigh."""
     fields: Dict[AgentBufferKey, Field] = {}
-    for key in buffer:
+    for key in list(buffer):
         entries = buffer[key]
-        try:
-            array = np.asarray(entries)
-        except ValueError:  # ragged
-            array = None
+        with warnings.catch_warnings():  # numpy < 1.24 warns of ragged entries before it fails
+            warnings.simplefilter("ignore", category=getattr(np, "VisibleDeprecationWarning", DeprecationWarning))
+            try:
+                array = np.asarray(entries)
+            except ValueError:  # ragged, in a numpy that refuses
+                array = None
         fields[key] = list(entries) if array is None or array.dtype == object else array
+        del entries[:]
     return fields
 
 
