@@ -39,11 +39,15 @@ def test_entry_points_load(group, name, loads):
     assert callable(getattr(loaded, loads, loaded))
 
 
-def test_the_mlagents_entry_point_registers_no_trainer_types(ml_agents_hooks):
+def test_the_mlagents_entry_point_registers_ppo_fast_with_ppos_settings(ml_agents_hooks):
+    from mlagents.trainers.ppo.optimizer_torch import PPOSettings
+
+    from mlagents_plugin.trainers.ppo_fast import FastPPOTrainer
+
     (entry_point,) = [
         ep for ep in importlib.metadata.entry_points(group="mlagents.trainer_type") if ep.name == "mlagents_plugin"
     ]
-    assert entry_point.load()() == ({}, {})
+    assert entry_point.load()() == ({"ppo_fast": FastPPOTrainer}, {"ppo_fast": PPOSettings})
 
 
 def test_the_pth_file_loads_fast_protobuf_where_it_is_needed():

@@ -277,9 +277,9 @@ def test_ctrl_c_while_waiting_for_the_editor_stops_at_once(tmp_path, editor_port
     ({"enabled": False, "env": "mlagents_plugin.testing:simple_env"}, "'env' needs the plugin, but 'enabled' is false"),
     ({"env": ":"}, "env_manager.env: expected 'package.module:factory', got ':'"),
     ({"env": "no_such_env_module:make"}, "there is no module 'no_such_env_module'"),
-    ({"listen": "everywhere"}, "env_manager.listen: expected loopback, all (every address), or one IP address"),
+    ({"listen": "everywhere"}, "env_manager.listen: expected loopback (or localhost), all (every address), or one IP"),
     ({"listen": "192.0.2.1"}, "env_manager.listen: this machine cannot listen on 192.0.2.1"),  # TEST-NET-1
-    ({"listen": "0.0.0.0"}, "env_manager.listen: expected loopback, all (every address), or one IP address"),
+    ({"listen": "0.0.0.0"}, "env_manager.listen: expected loopback (or localhost), all (every address), or one IP"),
 ], ids=["inf", "disabled-with-env", "colon", "missing-module", "listen-word", "listen-not-here", "listen-wildcard"])
 def test_what_cannot_work_stops_mlagents_learn_before_anything_starts(tmp_path, env_manager, words):
     def edit(config):
