@@ -1,6 +1,7 @@
 """What a worker costs before it steps: start-up (manager built to the first reset answered by
-every worker) and memory per worker, ours (forkserver: for Python envs a fork of the trainer,
-for builds a fresh interpreter) against upstream (fork), for Python envs
+every worker) and memory per worker, ours (forkserver: a fresh interpreter; for Python envs a
+fork of the trainer where the trainer runs no native thread, as with ``OMP_NUM_THREADS=1`` in the
+environment, which the measurements' processes inherit) against upstream (fork), for Python envs
 and player builds, at 1, 4, 8 and 16 workers; and as on macOS and Windows, where both spawn their
 workers: ours on the portable path against upstream with spawn (docs/platforms.md).
 

@@ -7,7 +7,9 @@ ours with it, side by side, alternating, the same YAML and seed.
     give upstream's manager a Python env, so each run drives the same trainer loop
     (``mlagents_plugin.testing.training.train``) with a manager built on the same factory: the
     shape of upstream's test harness (``check_environment_trains``). The env's module imports
-    torch (torch_env.py), as upstream's test envs do.
+    torch (torch_env.py), as upstream's test envs do. Ours starts its workers from a fresh fork
+    server, or from a fork of the trainer with ``OMP_NUM_THREADS=1`` in the environment (NOTE
+    [ A fork server forked from the trainer ]).
 
 Per run: agent steps/s and trainer CPU (the trainer process alone, not its workers) per agent
 step, both measured between the first and the last summary (start-up and close excluded);
