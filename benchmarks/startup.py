@@ -9,9 +9,9 @@ Each measurement runs in a fresh trainer process that has imported what ``mlagen
 (ML-Agents' trainers, torch) and whose run options name a PPO behaviour, as ``mlagents-learn``'s
 do. ``cold`` is the first manager of that process (ours then also starts its fork server,
 NOTE [ A fork server forked from the trainer ]);
-``warm`` a second one in the same process. Memory is read after 50 steps: USS (what the worker
-alone holds) and PSS (its share of what it shares with its siblings and its parent), beside a
-bare process that imported mlagents-envs.
+``warm`` a second one in the same process. Memory is read after 50 steps: RSS (all it has
+resident), USS (what the worker alone holds) and PSS (its share of what it shares with its
+siblings and its parent), beside a bare process that imported mlagents-envs.
 
     python benchmarks/startup.py --child ours python 4    # one measurement, printed as JSON
 """
@@ -88,6 +88,7 @@ def _child(which: str, env: str, n_env: int) -> Dict:
                 else:
                     pids = [worker.process.pid for worker in manager.env_workers]
                 memory = [psutil.Process(pid).memory_full_info() for pid in pids]
+                results[f"{attempt}_rss_mb"] = statistics.mean(m.rss for m in memory) / 2**20
                 results[f"{attempt}_uss_mb"] = statistics.mean(m.uss for m in memory) / 2**20
                 results[f"{attempt}_pss_mb"] = statistics.mean(m.pss for m in memory) / 2**20
             finally:
@@ -116,7 +117,7 @@ def _bare_mlagents_envs() -> Dict[str, float]:
     try:
         process.stdout.readline()
         info = psutil.Process(process.pid).memory_full_info()
-        return {"uss_mb": info.uss / 2**20, "pss_mb": info.pss / 2**20}
+        return {"rss_mb": info.rss / 2**20, "uss_mb": info.uss / 2**20, "pss_mb": info.pss / 2**20}
     finally:
         process.stdin.close()
         process.wait(timeout=10)
@@ -161,16 +162,16 @@ def markdown(rows: List[Dict]) -> str:
     out = [
         "Start-up: manager built to the first reset answered by every worker; medians of "
         "alternating runs, each in a fresh trainer process. Memory per worker after 50 steps, "
-        f"MB (a bare process that imported mlagents-envs: USS {bare['uss_mb']:.1f}, "
-        f"PSS {bare['pss_mb']:.1f}).",
+        f"MB (a bare process that imported mlagents-envs: RSS {bare['rss_mb']:.1f}, "
+        f"USS {bare['uss_mb']:.1f}, PSS {bare['pss_mb']:.1f}).",
         "",
         "`linux`: ours (forkserver) against upstream (fork), each on its Linux default. `spawn`: what "
         "macOS and Windows run, ours on the portable path against upstream with spawn (their default "
         "there).",
         "",
         "| path | env | workers | start-up cold: ours / upstream (ratio) | warm: ours / upstream (ratio) | "
-        "USS ours / upstream | PSS ours / upstream |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "RSS ours / upstream | PSS ours / upstream | USS ours / upstream |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         ours, up = row["ours"], row["upstream"]
@@ -180,8 +181,9 @@ def markdown(rows: List[Dict]) -> str:
             f"({ours['cold_startup_s'] / up['cold_startup_s']:.2f}) | "
             f"{ours['warm_startup_s']:.3f} / {up['warm_startup_s']:.3f} s "
             f"({ours['warm_startup_s'] / up['warm_startup_s']:.2f}) | "
-            f"{ours['warm_uss_mb']:.1f} / {up['warm_uss_mb']:.1f} | "
-            f"{ours['warm_pss_mb']:.1f} / {up['warm_pss_mb']:.1f} |"
+            f"{ours['warm_rss_mb']:.0f} / {up['warm_rss_mb']:.0f} | "
+            f"{ours['warm_pss_mb']:.1f} / {up['warm_pss_mb']:.1f} | "
+            f"{ours['warm_uss_mb']:.1f} / {up['warm_uss_mb']:.1f} |"
         )
     return "\n".join(out)
 
