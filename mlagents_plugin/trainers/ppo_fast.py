@@ -27,9 +27,6 @@ from typing import Any, Dict, List, Union
 import numpy as np
 from mlagents.trainers.buffer import AgentBuffer, AgentBufferKey, BufferKey
 from mlagents.trainers.ppo.trainer import PPOTrainer
-from mlagents_envs.logging_util import get_logger
-
-logger = get_logger(__name__)
 
 TRAINER_NAME = "ppo_fast"
 
