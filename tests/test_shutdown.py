@@ -181,16 +181,33 @@ def test_a_crashed_workers_player_is_killed(env_manager_factory, tmp_path):
     assert len([pid for pid in players(pid_dir) if alive(pid)]) == 2  # the new one runs
 
 
-def _start_with_pid(pid: int, command, env) -> subprocess.Popen:
-    """Start ``command`` as process ``pid`` (Linux: the next pid is set through ns_last_pid)."""
-    for _ in range(100):  # another process may take the pid first
+def _start_with_pid(pid: int, command, env) -> subprocess.Popen | None:
+    """Start ``command`` as process ``pid`` (Linux: the next pid is set through ns_last_pid), or
+    None once another process holds ``pid`` (parallel tests fork all the time)."""
+    for _ in range(100):
         Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
         proc = subprocess.Popen(command, env=env, start_new_session=True)
         if proc.pid == pid:
             return proc
         proc.kill()
         proc.wait()
-    pytest.fail(f"pid {pid} could not be had in 100 tries")
+        if psutil.pid_exists(pid):
+            return None
+    return None
+
+
+def _a_pid_that_came_back(command, env) -> tuple[psutil.Process, subprocess.Popen]:
+    """A psutil Process kept for a pid whose process ended, and a new process of that pid."""
+    for _ in range(20):  # each try has its own pid: another process may hold the last one
+        earlier = subprocess.Popen(["sleep", "60"])
+        (stale,) = [p for p in psutil.process_iter() if p.pid == earlier.pid]  # psutil keeps it
+        earlier.kill()
+        earlier.wait()
+        time.sleep(0.05)  # psutil tells two processes of one pid apart by start time, in 1/100 s
+        again = _start_with_pid(earlier.pid, command, env)
+        if again is not None:
+            return stale, again
+    pytest.fail("no pid could be had again in 20 tries: other processes took each one first")
 
 
 @pytest.mark.timeout(60)
@@ -204,13 +221,8 @@ def test_a_player_whose_pid_came_back_is_found_and_killed():
     """NOTE [ Pids come back ]: psutil's process_iter keeps a Process object per pid; once the
     pid is a new process's and psutil has noticed, its next pass skips that pid. CI's pid_max is
     32768: a player was left running that way after its worker died."""
-    earlier = subprocess.Popen(["sleep", "60"])
-    (stale,) = [p for p in psutil.process_iter() if p.pid == earlier.pid]  # psutil keeps it
-    earlier.kill()
-    earlier.wait()
-    time.sleep(0.05)  # psutil tells two processes of one pid apart by start time, in 1/100 s
     tag = f"{processes.owner_prefix(os.getpid())}pidtest/1.0/"
-    player = _start_with_pid(earlier.pid, ["sleep", "60"], {**os.environ, processes.OWNER_ENV: tag})
+    stale, player = _a_pid_that_came_back(["sleep", "60"], {**os.environ, processes.OWNER_ENV: tag})
     try:
         assert not stale.is_running()  # psutil notices the pid came back
         assert [p.pid for p in processes.kill_leftovers(tag)] == [player.pid]
