@@ -1,17 +1,28 @@
-"""``trainer_type: ppo_fast`` (trainers/ppo_fast.py) learns what ML-Agents' ``ppo`` learns: with
-the same seed, reward for reward (NOTE [ The same minibatches ]), on upstream's test_simple_rl
-kinds of case; and ``mlagents-learn`` trains with it from the one word in the YAML."""
+"""``trainer_type: ppo_fast`` (trainers/ppo_fast.py) is ML-Agents' ``ppo`` but for the rounding
+of one batched critic pass: with upstream's per-trajectory value estimates put back, a run with
+the same seed learns exactly what ``ppo`` learns, reward for reward (NOTE [ The same minibatches
+]), on upstream's test_simple_rl kinds of case, while the batched pass gives the same values to
+float32 rounding (NOTE [ A round at once ]); its trajectories reach the buffer entry for entry
+as upstream's; and ``mlagents-learn`` trains with it from the one word in the YAML. Whether it
+learns as well from its own values is a result over seeds: benchmarks/learning.py."""
 import json
+import random
 import subprocess
 import sys
 import textwrap
 
 import attr
+import numpy as np
 import pytest
 import yaml
 from helpers import run_learn, write_config
 from mlagents.plugins.trainer_type import register_trainer_plugins
 from mlagents.trainers.settings import RunOptions, ScheduleType
+from mlagents.trainers.torch_entities.action_log_probs import LogProbsTuple
+from mlagents.trainers.trajectory import AgentExperience, AgentStatus, Trajectory
+from mlagents_envs.base_env import ActionTuple
+
+from mlagents_plugin.trainers.trajectories import to_agentbuffer
 
 # One training in a process of its own (ML-Agents keeps state between runs in one process), on
 # ML-Agents' in-process SimpleEnvManager: nothing but the seed decides what is learned.
@@ -36,6 +47,24 @@ TRAIN_ONCE = textwrap.dedent("""
         signals = dict(config.reward_signals)
         signals[RewardSignalType.CURIOSITY] = CuriositySettings(strength=0.02, gamma=0.99)
         config = attr.evolve(config, reward_signals=signals)
+    if case.get("upstream_values"):  # the batched pass checked against upstream's, whose values are kept
+        from mlagents_plugin.trainers.ppo_fast import FastPPOTrainer
+        batched = FastPPOTrainer._value_estimates
+
+        def upstreams(self, trajectories, buffers):
+            theirs = [
+                self.optimizer.get_trajectory_value_estimates(
+                    buffer, trajectory.next_obs, trajectory.done_reached and not trajectory.interrupted
+                )[:2]
+                for trajectory, buffer in zip(trajectories, buffers)
+            ]
+            for ours, upstream in zip(batched(self, trajectories, buffers), theirs):
+                for name in upstream[0]:
+                    np.testing.assert_allclose(ours[0][name], upstream[0][name], rtol=1e-5, atol=1e-6)
+                    np.testing.assert_allclose(ours[1][name], upstream[1][name], rtol=1e-5, atol=1e-6)
+            return theirs
+
+        FastPPOTrainer._value_estimates = upstreams
     channel = EnvironmentParametersChannel()
     env = SimpleEnvironment(0, [channel], **case.get("env", {}))
     result = train(SimpleEnvManager(env, channel), config, seed=case["seed"])
@@ -66,14 +95,66 @@ def train_once(tmp_path, trainer_type: str, case: dict) -> dict:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("case", CASES)
-def test_ppo_fast_learns_exactly_what_ppo_learns(tmp_path, case):
+def test_ppo_fast_with_upstreams_values_learns_exactly_what_ppo_learns(tmp_path, case):
     """Every stat of every summary (rewards, losses, value estimates, entropy, learning rate) is
-    the same, to the last bit: the same minibatches in the same order from the same draws."""
-    settings = {"seed": 1337, "steps": 1000, **CASES[case]}
+    the same, to the last bit: the same buffers, the same minibatches in the same order from the
+    same draws; and every round, the batched pass's values equal upstream's to rounding."""
+    settings = {"seed": 1337, "steps": 1000, **CASES[case], "upstream_values": True}
     ppo, fast = train_once(tmp_path, "ppo", settings), train_once(tmp_path, "ppo_fast", settings)
     losses = [name for name in ppo["Simple"] if name.startswith("Losses/")]
     assert losses and ppo["Simple"]["Environment/Cumulative Reward"], ppo  # it updated and it scored
     assert fast == ppo
+
+
+def _experience(rng: random.Random, obs_shapes, mates: int, masked: bool, memory: bool) -> AgentExperience:
+    def obs():
+        return [np.float32(rng.random()) * np.ones(shape, dtype=np.float32) for shape in obs_shapes]
+
+    def action():
+        return ActionTuple(np.full((2,), rng.random(), np.float32), np.full((2,), rng.randrange(3), np.int32))
+
+    return AgentExperience(
+        obs=obs(),
+        reward=rng.random(),
+        done=rng.random() < 0.2,
+        action=action(),
+        action_probs=LogProbsTuple(np.full((2,), -rng.random(), np.float32), np.full((2,), -rng.random(), np.float32)),
+        action_mask=[np.array([rng.random() < 0.3] * 3), np.array([False] * 3)] if masked else None,
+        prev_action=np.full((2,), rng.randrange(3), np.int32),
+        interrupted=False,
+        memory=np.full((8,), rng.random(), np.float32) if memory else None,
+        group_status=[AgentStatus(obs(), rng.random(), action(), rng.random() < 0.5) for _ in range(mates)],
+        group_reward=rng.random(),
+    )
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("length", [1, 5])
+@pytest.mark.parametrize("mates", [0, 2])
+@pytest.mark.parametrize("masked, memory", [(False, False), (True, True)])
+def test_a_trajectory_reaches_the_buffer_entry_for_entry_as_upstreams(length, mates, masked, memory):
+    rng = random.Random(length * 100 + mates * 10 + masked)
+    shapes = [(3,), (2, 4, 4)]  # a vector and a camera observation
+    steps = [_experience(rng, shapes, mates, masked, memory) for _ in range(length)]
+    after = _experience(rng, shapes, mates, masked, memory)
+    trajectory = Trajectory(steps, after.obs, [mate.obs for mate in after.group_status], "agent-1", "B?team=0")
+    ours, upstreams = to_agentbuffer(trajectory), trajectory.to_agentbuffer()
+    assert list(ours) == list(upstreams)  # the same fields, in the same order
+    for key, entries in upstreams.items():
+        assert type(ours[key]) is type(entries) and ours[key].padding_value == entries.padding_value, key
+        assert len(ours[key]) == len(entries) == length, key
+        assert _same(list(ours[key]), list(entries)), key
+
+
+def _same(mine, theirs) -> bool:
+    """Equal, entry for entry, with the same types and dtypes (lists of lists of arrays too)."""
+    if type(mine) is not type(theirs):
+        return False
+    if isinstance(mine, list):
+        return len(mine) == len(theirs) and all(_same(a, b) for a, b in zip(mine, theirs, strict=True))
+    if isinstance(mine, np.ndarray):
+        return mine.dtype == theirs.dtype and np.array_equal(mine, theirs)
+    return bool(mine == theirs)
 
 
 @pytest.mark.fast

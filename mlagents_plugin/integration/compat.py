@@ -86,6 +86,32 @@ INTERNALS = [
     Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer._clear_update_buffer", "called by ppo_fast's update"),
     Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer.__init__", "cleared by ppo_fast's update",
              "self.cumulative_returns_since_policy_update"),
+    # trainers/ppo_fast.py's round and trainers/trajectories.py are upstream's, step for step
+    # (NOTE [ A round at once ])
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer.advance", "ppo_fast's advance takes what it takes",
+             "for _ in range(traj_queue.qsize()):"),
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer.advance", "", "if self._is_ready_update():"),
+    Internal("mlagents.trainers.ppo.trainer:PPOTrainer._process_trajectory",
+             "ppo_fast's round does what it does, in order", "self.optimizer.critic.update_normalization("),
+    Internal("mlagents.trainers.ppo.trainer:PPOTrainer._process_trajectory", "",
+             "reward_signal.evaluate(agent_buffer_trajectory) * reward_signal.strength"),
+    Internal("mlagents.trainers.ppo.trainer:PPOTrainer._process_trajectory", "", "local_return = local_advantage + "),
+    Internal("mlagents.trainers.ppo.trainer:PPOTrainer._process_trajectory", "",
+             "self._append_to_update_buffer(agent_buffer_trajectory)"),
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer._append_to_update_buffer",
+             "ppo_fast appends sequences of one step as it does", "resequence_and_append("),
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer._warn_if_group_reward", "called by ppo_fast's round"),
+    Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer._update_end_episode_stats", "called by ppo_fast's round"),
+    Internal("mlagents.trainers.optimizer.torch_optimizer:TorchOptimizer.get_trajectory_value_estimates",
+             "ppo_fast's batched pass gives its values", "self.critic.critic_pass("),
+    Internal("mlagents.trainers.optimizer.torch_optimizer:TorchOptimizer.get_trajectory_value_estimates", "",
+             "next_value_estimate[k] = 0.0"),
+    Internal("mlagents.trainers.trajectory:Trajectory.to_agentbuffer", "trainers/trajectories.py makes what it makes",
+             "mask = 1 - np.concatenate(exp.action_mask)"),
+    Internal("mlagents.trainers.trajectory:Trajectory.to_agentbuffer", "",
+             "cont_next_actions = np.zeros_like(exp.action.continuous)"),
+    Internal("mlagents.trainers.buffer:AgentBufferField.append", "trainers/trajectories.py sets the mask's padding",
+             "self.padding_value = padding_value"),
 ]
 
 

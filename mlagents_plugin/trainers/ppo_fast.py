@@ -1,10 +1,33 @@
-"""``trainer_type: ppo_fast``: ML-Agents' PPO, whose update reads its buffer as arrays.
+"""``trainer_type: ppo_fast``: ML-Agents' PPO, with a round's trajectories processed together
+and an update that reads its buffer as arrays.
 
-The same trainer as ``ppo`` (it subclasses ML-Agents' ``PPOTrainer``: the same policy, optimizer,
-reward signals, trajectory processing, checkpoints and ``.onnx`` export) but for
-``_update_policy``, which feeds the optimizer the same minibatches, in the same order, from
-arrays made once per update instead of Python lists rebuilt at every epoch and minibatch
-(NOTE [ The same minibatches ]). docs/trainers.md says what it changes and what it measures.
+The same learner as ``ppo`` (it subclasses ML-Agents' ``PPOTrainer``: the same policy,
+optimizer and losses, reward signals, checkpoints and ``.onnx`` export). Two things change:
+``advance`` takes the value estimates of every trajectory of a round in one critic pass (NOTE
+[ A round at once ]), and ``_update_policy`` feeds the optimizer the same minibatches, in the
+same order, from arrays made once per update instead of Python lists rebuilt at every epoch and
+minibatch (NOTE [ The same minibatches ]). docs/trainers.md says what it changes and what it
+measures.
+
+# NOTE [ A round at once ]
+# ML-Agents' trainer takes the trajectories queued since its last ``advance`` one by one: for
+# each, the normalisers' update, then two critic passes (its steps, then the observation after
+# its last step), the reward signals, GAE and the buffers. Agents of a build reach
+# ``time_horizon`` or the end of an episode together, so a round brings tens of short
+# trajectories, and the two small passes per trajectory cost more than all the arithmetic. Here a
+# round's trajectories are taken off their queues as upstream takes them (no more than were
+# queued when ``advance`` began), the normalisers are updated with each in order, and then ONE
+# critic pass gives the value estimates of all of them (every step of every trajectory, and each
+# one's next observation, as rows of one batch). The rest is upstream's, trajectory by trajectory
+# in the same order: summaries and checkpoints fall on the same steps, the same stats are
+# reported. Two differences, both in rounding or in order only:
+# - a batch of many rows is not summed in the same order as several small ones: the values
+#   differ from upstream's in the last bits of a float32 (about 1e-7 of their size);
+# - with ``normalize: true``, each trajectory's values see the normaliser updated with the whole
+#   round, not only with the trajectories before it: its running mean and variance move by one
+#   round's steps out of all steps seen, as when upstream's trainer runs a little later.
+# Recurrent policies keep upstream's path: their critic carries a memory from trajectory to
+# trajectory of one agent, which a batch cannot.
 
 # NOTE [ The same minibatches ]
 # ML-Agents' update (OnPolicyTrainer._update_policy) normalises the advantages, then for each
@@ -20,22 +43,143 @@ arrays made once per update instead of Python lists rebuilt at every epoch and m
 # for reward). A field whose entries do not stack into one array (ragged groupmate rewards) is
 # indexed as a list.
 """
+import time
 import warnings
 from collections import defaultdict
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
-from mlagents.trainers.buffer import AgentBuffer, AgentBufferKey, BufferKey
+import torch
+from mlagents.trainers.agent_processor import AgentManagerQueue
+from mlagents.trainers.buffer import AgentBuffer, AgentBufferKey, BufferKey, RewardSignalUtil
 from mlagents.trainers.ppo.trainer import PPOTrainer
+from mlagents.trainers.trainer.trainer_utils import get_gae
+from mlagents.trainers.trajectory import ObsUtil, Trajectory
+from mlagents_envs.timers import hierarchical_timer
+
+from mlagents_plugin.trainers.trajectories import to_agentbuffer
 
 TRAINER_NAME = "ppo_fast"
 
 Field = Union[np.ndarray, List[Any]]
 
 
+Values = Dict[str, np.ndarray]
+
+
 class FastPPOTrainer(PPOTrainer):
-    """ML-Agents' PPO with the update of NOTE [ The same minibatches ] (timed, as upstream's, by
-    RLTrainer's ``_update_policy`` timer: timers.json reads the same)."""
+    """ML-Agents' PPO with NOTE [ A round at once ] and NOTE [ The same minibatches ]; timed by
+    upstream's ``process_trajectory`` and ``_update_policy`` timers (timers.json reads the same)."""
+
+    def advance(self) -> None:
+        """RLTrainer.advance, with the round's trajectories processed together."""
+        with hierarchical_timer("process_trajectory"):
+            trajectories: List[Trajectory] = []
+            for queue in self.trajectory_queues:
+                queued = queue.qsize()  # no more than were queued: they are on-policy
+                for _ in range(queued):
+                    try:
+                        trajectories.append(queue.get_nowait())
+                    except AgentManagerQueue.Empty:
+                        break
+                if self.threaded and not queued:
+                    time.sleep(0.0001)  # as upstream: yield the thread rather than spin
+            if self.policy.use_recurrent:
+                for trajectory in trajectories:
+                    self._process_trajectory(trajectory)
+            elif trajectories:
+                self._process_round(trajectories)
+        if self.should_still_train and self._is_ready_update():
+            with hierarchical_timer("_update_policy"):
+                if self._update_policy():
+                    for queue in self.policy_queues:
+                        queue.put(self.get_policy(queue.behavior_id))
+
+    def _process_round(self, trajectories: Sequence[Trajectory]) -> None:
+        buffers = [to_agentbuffer(trajectory) for trajectory in trajectories]
+        for buffer in buffers:
+            self._warn_if_group_reward(buffer)
+            if self.is_training:
+                self.policy.actor.update_normalization(buffer)
+                self.optimizer.critic.update_normalization(buffer)
+        for trajectory, buffer, (values, value_next) in zip(
+            trajectories, buffers, self._value_estimates(trajectories, buffers), strict=True
+        ):
+            self._finish_trajectory(trajectory, buffer, values, value_next)
+
+    def _value_estimates(
+        self, trajectories: Sequence[Trajectory], buffers: Sequence[AgentBuffer]
+    ) -> List[Tuple[Values, Dict[str, Any]]]:
+        """Each trajectory's value estimates and bootstrap values, from one critic pass over the
+        steps of all, then each one's next observation (as get_trajectory_value_estimates)."""
+        lengths = [buffer.num_experiences for buffer in buffers]
+        steps = sum(lengths)
+        inputs = [
+            torch.as_tensor(
+                np.concatenate(
+                    [np.asarray(buffer[ObsUtil.get_name_at(i)]) for buffer in buffers]
+                    + [np.asarray(trajectory.next_obs[i])[np.newaxis] for trajectory in trajectories]
+                ),
+                dtype=torch.float32,
+            )
+            for i in range(len(self.policy.behavior_spec.observation_specs))
+        ]
+        with torch.no_grad():
+            outputs, _ = self.optimizer.critic.critic_pass(inputs, None, sequence_length=steps + len(buffers))
+        columns = {name: output.numpy() for name, output in outputs.items()}
+        estimates: List[Tuple[Values, Dict[str, Any]]] = []
+        start = 0
+        for index, (trajectory, length) in enumerate(zip(trajectories, lengths, strict=True)):
+            values = {name: column[start : start + length] for name, column in columns.items()}
+            value_next: Dict[str, Any] = {
+                name: column[steps + index : steps + index + 1] for name, column in columns.items()
+            }
+            if trajectory.done_reached and not trajectory.interrupted:
+                for name in value_next:
+                    if not self.optimizer.reward_signals[name].ignore_done:
+                        value_next[name] = 0.0
+            estimates.append((values, value_next))
+            start += length
+        return estimates
+
+    def _finish_trajectory(
+        self, trajectory: Trajectory, buffer: AgentBuffer, values: Values, value_next: Dict[str, Any]
+    ) -> None:
+        """PPOTrainer._process_trajectory after its value estimates: the same steps, stats and
+        buffers, in the same order."""
+        super(PPOTrainer, self)._process_trajectory(trajectory)  # RLTrainer's: steps, summaries, checkpoints
+        agent_id = trajectory.agent_id
+        for name, estimate in values.items():
+            buffer[RewardSignalUtil.value_estimates_key(name)].extend(estimate)
+            self._stats_reporter.add_stat(
+                f"Policy/{self.optimizer.reward_signals[name].name.capitalize()} Value Estimate", np.mean(estimate)
+            )
+        self.collected_rewards["environment"][agent_id] += np.sum(buffer[BufferKey.ENVIRONMENT_REWARDS])
+        for name, reward_signal in self.optimizer.reward_signals.items():
+            rewards = reward_signal.evaluate(buffer) * reward_signal.strength
+            buffer[RewardSignalUtil.rewards_key(name)].extend(rewards)
+            self.collected_rewards[name][agent_id] += np.sum(rewards)
+        advantages, returns = [], []
+        for name in self.optimizer.reward_signals:
+            estimate = buffer[RewardSignalUtil.value_estimates_key(name)].get_batch()
+            advantage = get_gae(
+                rewards=buffer[RewardSignalUtil.rewards_key(name)].get_batch(),
+                value_estimates=estimate,
+                value_next=value_next[name],
+                gamma=self.optimizer.reward_signals[name].gamma,
+                lambd=self.hyperparameters.lambd,
+            )
+            returns.append(advantage + estimate)
+            advantages.append(advantage)
+            buffer[RewardSignalUtil.returns_key(name)].set(returns[-1])
+            buffer[RewardSignalUtil.advantage_key(name)].set(advantage)
+        buffer[BufferKey.ADVANTAGES].set(list(np.mean(np.array(advantages, dtype=np.float32), axis=0)))
+        buffer[BufferKey.DISCOUNTED_RETURNS].set(list(np.mean(np.array(returns, dtype=np.float32), axis=0)))
+        if self.should_still_train:  # as RLTrainer._append_to_update_buffer, of sequences of one step
+            for key, entries in buffer.items():
+                self.update_buffer[key].extend(entries)
+        if trajectory.done_reached:
+            self._update_end_episode_stats(agent_id, self.optimizer)
 
     def _update_policy(self) -> bool:
         hyperparameters = self.hyperparameters
