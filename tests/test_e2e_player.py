@@ -9,6 +9,7 @@ import onnx
 import psutil
 import pytest
 from helpers import finish, free_port_block, learn_command, run_learn, scalars, start_learn, wait_for_line, write_config
+from onnx import numpy_helper
 
 from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.player.build import make_build
@@ -29,8 +30,9 @@ def builds(tmp_path_factory):
     return directory
 
 
-def goal_config(tmp_path, max_steps=5000, env_manager=None, parameters=None, summary_freq=1000):
+def goal_config(tmp_path, max_steps=5000, env_manager=None, parameters=None, summary_freq=1000, trainer_type="ppo"):
     def edit(config):
+        config["behaviors"]["Goal"]["trainer_type"] = trainer_type
         config["behaviors"]["Goal"]["max_steps"] = max_steps
         config["behaviors"]["Goal"]["summary_freq"] = summary_freq
         if env_manager:
@@ -108,20 +110,84 @@ def test_ppo_on_four_builds_reaches_the_threshold(tmp_path, builds):
     assert len(list((run_dir(tmp_path) / "run_logs").glob("Player-*.log"))) == 4  # -logFile
 
 
+def train_through_a_crash(folder, builds, seed, trainer_type="ppo"):
+    """5000 steps on four builds, of which the first to reach its 50th step crashes (once: --fault-once)."""
+    result = train(
+        folder, builds, goal_config(folder, env_manager={"restart_backoff_s": 0.5}, trainer_type=trainer_type),
+        "--crash-after-steps", "50", "--fault-once", str(folder / "crashed"), learn_args=(f"--seed={seed}",),
+    )
+    assert (folder / "crashed").exists()
+    # Noticed by the worker's player watch (NOTE [ Player death ]), not 6 s later by mlagents-envs.
+    assert "Restarting env worker" in result.stdout
+    assert "The Unity player (pid " in result.stdout and "exited with code 3" in result.stdout
+    assert restarts(folder, "unity") == 1
+    return result
+
+
 @pytest.mark.timeout(700)
 def test_a_crashed_build_is_restarted_and_training_finishes(tmp_path, builds):
-    def run(folder, seed):
-        result = train(
-            folder, builds, goal_config(folder, env_manager={"restart_backoff_s": 0.5}),
-            "--crash-after-steps", "50", "--fault-once", str(folder / "crashed"), learn_args=(f"--seed={seed}",),
-        )
-        assert (folder / "crashed").exists()
-        # Noticed by the worker's player watch (NOTE [ Player death ]), not 6 s later by mlagents-envs.
-        assert "Restarting env worker" in result.stdout
-        assert "The Unity player (pid " in result.stdout and "exited with code 3" in result.stdout
-        assert restarts(folder, "unity") == 1
+    reaches_the_threshold(tmp_path, lambda folder, seed: train_through_a_crash(folder, builds, seed))
 
-    reaches_the_threshold(tmp_path, run)
+
+def onnx_signature(path: Path) -> dict:
+    """What Unity's inference reads of an exported model, once onnx.checker accepts it: the graph's
+    inputs and outputs (name, element type, shape), the constant outputs' values (version_number,
+    memory_size, the action output shapes), and the opsets."""
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+
+    def tensors(values):
+        return [
+            (v.name, v.type.tensor_type.elem_type, [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim])
+            for v in values
+        ]
+
+    values = {i.name: numpy_helper.to_array(i).tolist() for i in model.graph.initializer}
+    values.update(
+        (n.output[0], numpy_helper.to_array(a.t).tolist())
+        for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"
+    )
+    identities = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity"}
+    constants = {}
+    for output in model.graph.output:
+        name = output.name
+        while name not in values and name in identities:  # torch exports them as Identity(initializer)
+            name = identities[name]
+        if name in values:
+            constants[output.name] = values[name]
+    return {
+        "inputs": tensors(model.graph.input),
+        "outputs": tensors(model.graph.output),
+        "constants": constants,
+        "opsets": sorted((o.domain, o.version) for o in model.opset_import),
+    }
+
+
+@pytest.mark.timeout(900)
+def test_ppo_fast_trains_through_a_crash_and_exports_what_ppo_exports(tmp_path, builds):
+    """Issue 33: mlagents-learn with ``trainer_type: ppo_fast`` (one word changed in the crash test's
+    configuration) survives the crashed build, reaches the threshold, and writes ``.onnx`` models,
+    final and checkpoint, with the signature of the one a ``ppo`` run writes for the same behaviour
+    on the same build: for that, a short real ``ppo`` run (one build, 200 steps), a few seconds."""
+
+    def run(folder, seed):
+        result = train_through_a_crash(folder, builds, seed, trainer_type="ppo_fast")
+        assert "trainer_type:\tppo_fast" in result.stdout  # the hyperparameters ML-Agents logs: not ppo
+        assert "Goal. Step: 5000." in result.stdout  # the final summary
+
+    (tmp_path / "ppo_fast").mkdir()
+    fast_dir = run_dir(reaches_the_threshold(tmp_path / "ppo_fast", run))
+    ppo = tmp_path / "ppo"
+    ppo.mkdir()
+    train(ppo, builds, goal_config(ppo, max_steps=200, summary_freq=100), num_envs=1, timeout=120)
+    expected = onnx_signature(run_dir(ppo) / "Goal.onnx")
+
+    assert [name for name, _, _ in expected["inputs"]] == ["obs_0", "action_masks"], expected
+    assert {"version_number", "memory_size", "discrete_action_output_shape"} <= set(expected["constants"]), expected
+    checkpoints = sorted((fast_dir / "Goal").glob("Goal-*.onnx"))
+    assert checkpoints, f"no checkpoint model in {sorted(p.name for p in (fast_dir / 'Goal').iterdir())}"
+    for model in [fast_dir / "Goal.onnx", *checkpoints]:
+        assert onnx_signature(model) == expected, model
 
 
 @pytest.mark.timeout(400)
