@@ -17,12 +17,13 @@ import pytest
 import yaml
 from helpers import run_learn, write_config
 from mlagents.plugins.trainer_type import register_trainer_plugins
+from mlagents.trainers.buffer import AgentBuffer
 from mlagents.trainers.settings import RunOptions, ScheduleType
 from mlagents.trainers.torch_entities.action_log_probs import LogProbsTuple
 from mlagents.trainers.trajectory import AgentExperience, AgentStatus, Trajectory
 from mlagents_envs.base_env import ActionTuple
 
-from mlagents_plugin.trainers.trajectories import to_agentbuffer
+from mlagents_plugin.trainers.trajectories import round_buffer
 
 # One training in a process of its own (ML-Agents keeps state between runs in one process), on
 # ML-Agents' in-process SimpleEnvManager: nothing but the seed decides what is learned.
@@ -47,24 +48,37 @@ TRAIN_ONCE = textwrap.dedent("""
         signals = dict(config.reward_signals)
         signals[RewardSignalType.CURIOSITY] = CuriositySettings(strength=0.02, gamma=0.99)
         config = attr.evolve(config, reward_signals=signals)
-    if case.get("upstream_values"):  # the batched pass checked against upstream's, whose values are kept
+    if case.get("upstream_values"):  # the round's passes checked against upstream's, whose results are kept
         from mlagents_plugin.trainers.ppo_fast import FastPPOTrainer
-        batched = FastPPOTrainer._value_estimates
+        batched_values, batched_rewards = FastPPOTrainer._value_estimates, FastPPOTrainer._signal_rewards
 
-        def upstreams(self, trajectories, buffers):
-            theirs = [
-                self.optimizer.get_trajectory_value_estimates(
-                    buffer, trajectory.next_obs, trajectory.done_reached and not trajectory.interrupted
-                )[:2]
-                for trajectory, buffer in zip(trajectories, buffers)
-            ]
-            for ours, upstream in zip(batched(self, trajectories, buffers), theirs):
-                for name in upstream[0]:
-                    np.testing.assert_allclose(ours[0][name], upstream[0][name], rtol=1e-5, atol=1e-6)
-                    np.testing.assert_allclose(ours[1][name], upstream[1][name], rtol=1e-5, atol=1e-6)
-            return theirs
+        def upstream_values(self, trajectories, buffer):
+            values, values_next = {}, []
+            for trajectory in trajectories:
+                done = trajectory.done_reached and not trajectory.interrupted
+                estimates, value_next, _ = self.optimizer.get_trajectory_value_estimates(
+                    trajectory.to_agentbuffer(), trajectory.next_obs, done
+                )
+                for name, estimate in estimates.items():
+                    values[name] = np.concatenate([values.get(name, estimate[:0]), estimate])
+                values_next.append(value_next)
+            ours, ours_next = batched_values(self, trajectories, buffer)
+            for name in values:
+                np.testing.assert_allclose(ours[name], values[name], rtol=1e-5, atol=1e-6)
+                for mine, theirs in zip(ours_next, values_next):
+                    np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-5, atol=1e-6)
+            return values, values_next
 
-        FastPPOTrainer._value_estimates = upstreams
+        def upstream_rewards(self, trajectories, buffer):
+            rewards = {
+                name: np.concatenate([signal.evaluate(t.to_agentbuffer()) * signal.strength for t in trajectories])
+                for name, signal in self.optimizer.reward_signals.items()
+            }
+            for name, ours in batched_rewards(self, trajectories, buffer).items():
+                np.testing.assert_allclose(ours, rewards[name], rtol=1e-5, atol=1e-6)
+            return rewards
+
+        FastPPOTrainer._value_estimates, FastPPOTrainer._signal_rewards = upstream_values, upstream_rewards
     channel = EnvironmentParametersChannel()
     env = SimpleEnvironment(0, [channel], **case.get("env", {}))
     result = train(SimpleEnvManager(env, channel), config, seed=case["seed"])
@@ -129,20 +143,28 @@ def _experience(rng: random.Random, obs_shapes, mates: int, masked: bool, memory
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("length", [1, 5])
+@pytest.mark.parametrize("lengths", [[1], [5], [3, 1, 4]])
 @pytest.mark.parametrize("mates", [0, 2])
 @pytest.mark.parametrize("masked, memory", [(False, False), (True, True)])
-def test_a_trajectory_reaches_the_buffer_entry_for_entry_as_upstreams(length, mates, masked, memory):
-    rng = random.Random(length * 100 + mates * 10 + masked)
+def test_a_rounds_trajectories_reach_the_buffer_entry_for_entry_as_upstreams(lengths, mates, masked, memory):
+    """round_buffer makes, field by field, upstream's to_agentbuffer of each trajectory, one
+    after the other (what resequence_and_append gives the update buffer, sequences of one step)."""
+    rng = random.Random(len(lengths) * 100 + mates * 10 + masked)
     shapes = [(3,), (2, 4, 4)]  # a vector and a camera observation
-    steps = [_experience(rng, shapes, mates, masked, memory) for _ in range(length)]
-    after = _experience(rng, shapes, mates, masked, memory)
-    trajectory = Trajectory(steps, after.obs, [mate.obs for mate in after.group_status], "agent-1", "B?team=0")
-    ours, upstreams = to_agentbuffer(trajectory), trajectory.to_agentbuffer()
+    trajectories = []
+    for length in lengths:
+        steps = [_experience(rng, shapes, mates, masked, memory) for _ in range(length)]
+        after = _experience(rng, shapes, mates, masked, memory)
+        trajectories.append(Trajectory(steps, after.obs, [m.obs for m in after.group_status], "agent-1", "B?team=0"))
+    upstreams = AgentBuffer()
+    for trajectory in trajectories:
+        trajectory.to_agentbuffer().resequence_and_append(upstreams, training_length=1)
+    ours = round_buffer(trajectories)
     assert list(ours) == list(upstreams)  # the same fields, in the same order
     for key, entries in upstreams.items():
-        assert type(ours[key]) is type(entries) and ours[key].padding_value == entries.padding_value, key
-        assert len(ours[key]) == len(entries) == length, key
+        assert type(ours[key]) is type(entries), key
+        assert ours[key].padding_value == trajectories[0].to_agentbuffer()[key].padding_value, key
+        assert len(ours[key]) == sum(lengths), key
         assert _same(list(ours[key]), list(entries)), key
 
 

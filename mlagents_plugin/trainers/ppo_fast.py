@@ -3,31 +3,35 @@ and an update that reads its buffer as arrays.
 
 The same learner as ``ppo`` (it subclasses ML-Agents' ``PPOTrainer``: the same policy,
 optimizer and losses, reward signals, checkpoints and ``.onnx`` export). Two things change:
-``advance`` takes the value estimates of every trajectory of a round in one critic pass (NOTE
-[ A round at once ]), and ``_update_policy`` feeds the optimizer the same minibatches, in the
-same order, from arrays made once per update instead of Python lists rebuilt at every epoch and
-minibatch (NOTE [ The same minibatches ]). docs/trainers.md says what it changes and what it
-measures.
+``advance`` processes a round's trajectories on one buffer, with one critic pass for all their
+value estimates (NOTE [ A round at once ]), and ``_update_policy`` feeds the optimizer the same
+minibatches, in the same order, from arrays made once per update instead of Python lists
+rebuilt at every epoch and minibatch (NOTE [ The same minibatches ]). docs/trainers.md says what
+it changes and what it measures.
 
 # NOTE [ A round at once ]
 # ML-Agents' trainer takes the trajectories queued since its last ``advance`` one by one: for
-# each, the normalisers' update, then two critic passes (its steps, then the observation after
-# its last step), the reward signals, GAE and the buffers. Agents of a build reach
-# ``time_horizon`` or the end of an episode together, so a round brings tens of short
-# trajectories, and the two small passes per trajectory cost more than all the arithmetic. Here a
+# each, a new AgentBuffer filled step by step, the normalisers' update, two critic passes (its
+# steps, then the observation after its last step), each reward signal's evaluation, GAE, and an
+# append of every field to the update buffer. The agents of a build end episodes and reach
+# ``time_horizon`` together, so a round brings many short trajectories (the goal scene: about 16
+# of 4 steps each), and the per-trajectory overhead costs more than the arithmetic. Here a
 # round's trajectories are taken off their queues as upstream takes them (no more than were
-# queued when ``advance`` began), the normalisers are updated with each in order, and then ONE
-# critic pass gives the value estimates of all of them (every step of every trajectory, and each
-# one's next observation, as rows of one batch). The rest is upstream's, trajectory by trajectory
-# in the same order: summaries and checkpoints fall on the same steps, the same stats are
-# reported. Two differences, both in rounding or in order only:
-# - a batch of many rows is not summed in the same order as several small ones: the values
-#   differ from upstream's in the last bits of a float32 (about 1e-7 of their size);
-# - with ``normalize: true``, each trajectory's values see the normaliser updated with the whole
-#   round, not only with the trajectories before it: its running mean and variance move by one
-#   round's steps out of all steps seen, as when upstream's trainer runs a little later.
-# Recurrent policies keep upstream's path: their critic carries a memory from trajectory to
-# trajectory of one agent, which a batch cannot.
+# queued when ``advance`` began) and laid one after the other in one buffer, field by field
+# (trainers/trajectories.py: upstream's entries, checked entry for entry); the normalisers are
+# updated once with it; ONE critic pass gives the values of every step and of each trajectory's
+# next observation; each reward signal evaluates the round once; then, trajectory by trajectory
+# in upstream's order, the step count, summaries and checkpoints, the stats, and GAE on the
+# trajectory's rows; and one append of each field to the update buffer. What differs from
+# upstream is rounding and, with ``normalize: true``, order:
+# - a batch of many rows is not summed in the same order as several small ones: values (and
+#   curiosity, GAIL and RND rewards, which come from networks) differ from upstream's in the
+#   last bits of a float32 (tests/test_trainers.py: within 1e-5, every round);
+# - with ``normalize: true``, the normalisers take the round in one update, and the values of
+#   its first trajectories see the steps of its later ones: a running mean and variance over
+#   every step seen, moved by one round's steps, as when upstream's trainer runs a little later.
+# Recurrent policies keep upstream's path: their critic carries a memory from one trajectory of
+# an agent to the next, which a batch cannot.
 
 # NOTE [ The same minibatches ]
 # ML-Agents' update (OnPolicyTrainer._update_policy) normalises the advantages, then for each
@@ -57,7 +61,7 @@ from mlagents.trainers.trainer.trainer_utils import get_gae
 from mlagents.trainers.trajectory import ObsUtil, Trajectory
 from mlagents_envs.timers import hierarchical_timer
 
-from mlagents_plugin.trainers.trajectories import to_agentbuffer
+from mlagents_plugin.trainers.trajectories import round_buffer
 
 TRAINER_NAME = "ppo_fast"
 
@@ -96,28 +100,71 @@ class FastPPOTrainer(PPOTrainer):
                         queue.put(self.get_policy(queue.behavior_id))
 
     def _process_round(self, trajectories: Sequence[Trajectory]) -> None:
-        buffers = [to_agentbuffer(trajectory) for trajectory in trajectories]
-        for buffer in buffers:
-            self._warn_if_group_reward(buffer)
-            if self.is_training:
-                self.policy.actor.update_normalization(buffer)
-                self.optimizer.critic.update_normalization(buffer)
-        for trajectory, buffer, (values, value_next) in zip(
-            trajectories, buffers, self._value_estimates(trajectories, buffers), strict=True
-        ):
-            self._finish_trajectory(trajectory, buffer, values, value_next)
+        """PPOTrainer._process_trajectory for each trajectory, in order, on one buffer for all."""
+        buffer = round_buffer(trajectories)
+        self._warn_if_group_reward(buffer)
+        if self.is_training:
+            self.policy.actor.update_normalization(buffer)
+            self.optimizer.critic.update_normalization(buffer)
+        values, values_next = self._value_estimates(trajectories, buffer)
+        rewards = self._signal_rewards(trajectories, buffer)
+        environment = np.asarray(buffer[BufferKey.ENVIRONMENT_REWARDS])
+        # float32, as the optimizer reads them; GAE gives float64 after a terminal step (its
+        # bootstrap value is 0.0), rounded here once, as upstream's are when they become tensors
+        advantages = {name: np.empty_like(values[name]) for name in rewards}
+        returns = {name: np.empty_like(values[name]) for name in rewards}
+        start = 0
+        for trajectory, value_next in zip(trajectories, values_next, strict=True):
+            rows = slice(start, start + len(trajectory.steps))
+            start = rows.stop
+            super(PPOTrainer, self)._process_trajectory(trajectory)  # RLTrainer's: steps, summaries, checkpoints
+            agent_id = trajectory.agent_id
+            for name in values:
+                self._stats_reporter.add_stat(
+                    f"Policy/{self.optimizer.reward_signals[name].name.capitalize()} Value Estimate",
+                    np.mean(values[name][rows]),
+                )
+            self.collected_rewards["environment"][agent_id] += np.sum(environment[rows])
+            for name, signal in self.optimizer.reward_signals.items():
+                self.collected_rewards[name][agent_id] += np.sum(rewards[name][rows])
+                advantage = get_gae(
+                    rewards=rewards[name][rows],
+                    value_estimates=values[name][rows],
+                    value_next=value_next[name],
+                    gamma=signal.gamma,
+                    lambd=self.hyperparameters.lambd,
+                )
+                advantages[name][rows] = advantage
+                returns[name][rows] = advantage + values[name][rows]
+            if trajectory.done_reached:
+                self._update_end_episode_stats(agent_id, self.optimizer)
+        for name in self.optimizer.reward_signals:
+            fields = {  # in upstream's order: ML-Agents 1.x's value_estimates_key IS returns_key, so
+                # the returns overwrite the value estimates, and the update reads returns as old values
+                RewardSignalUtil.value_estimates_key(name): values[name],
+                RewardSignalUtil.rewards_key(name): rewards[name],
+                RewardSignalUtil.returns_key(name): returns[name],
+                RewardSignalUtil.advantage_key(name): advantages[name],
+            }
+            for key, column in fields.items():
+                buffer[key].extend(column)
+        buffer[BufferKey.ADVANTAGES].extend(np.mean(np.array(list(advantages.values())), axis=0))
+        buffer[BufferKey.DISCOUNTED_RETURNS].extend(np.mean(np.array(list(returns.values())), axis=0))
+        if self.should_still_train:  # as RLTrainer._append_to_update_buffer, in sequences of one step
+            for key, entries in buffer.items():
+                self.update_buffer[key].extend(entries)
 
     def _value_estimates(
-        self, trajectories: Sequence[Trajectory], buffers: Sequence[AgentBuffer]
-    ) -> List[Tuple[Values, Dict[str, Any]]]:
-        """Each trajectory's value estimates and bootstrap values, from one critic pass over the
-        steps of all, then each one's next observation (as get_trajectory_value_estimates)."""
-        lengths = [buffer.num_experiences for buffer in buffers]
-        steps = sum(lengths)
+        self, trajectories: Sequence[Trajectory], buffer: AgentBuffer
+    ) -> Tuple[Values, List[Dict[str, Any]]]:
+        """The value estimates of every step of the round, and each trajectory's bootstrap values,
+        from one critic pass: the round's steps, then each trajectory's next observation (what
+        get_trajectory_value_estimates gives a trajectory at a time)."""
+        steps = buffer.num_experiences
         inputs = [
             torch.as_tensor(
                 np.concatenate(
-                    [np.asarray(buffer[ObsUtil.get_name_at(i)]) for buffer in buffers]
+                    [np.asarray(buffer[ObsUtil.get_name_at(i)])]
                     + [np.asarray(trajectory.next_obs[i])[np.newaxis] for trajectory in trajectories]
                 ),
                 dtype=torch.float32,
@@ -125,61 +172,23 @@ class FastPPOTrainer(PPOTrainer):
             for i in range(len(self.policy.behavior_spec.observation_specs))
         ]
         with torch.no_grad():
-            outputs, _ = self.optimizer.critic.critic_pass(inputs, None, sequence_length=steps + len(buffers))
+            outputs, _ = self.optimizer.critic.critic_pass(inputs, None, sequence_length=steps + len(trajectories))
         columns = {name: output.numpy() for name, output in outputs.items()}
-        estimates: List[Tuple[Values, Dict[str, Any]]] = []
-        start = 0
-        for index, (trajectory, length) in enumerate(zip(trajectories, lengths, strict=True)):
-            values = {name: column[start : start + length] for name, column in columns.items()}
-            value_next: Dict[str, Any] = {
-                name: column[steps + index : steps + index + 1] for name, column in columns.items()
-            }
+        values_next: List[Dict[str, Any]] = []
+        for index, trajectory in enumerate(trajectories):
+            value_next: Dict[str, Any] = {name: column[steps + index, np.newaxis] for name, column in columns.items()}
             if trajectory.done_reached and not trajectory.interrupted:
                 for name in value_next:
                     if not self.optimizer.reward_signals[name].ignore_done:
                         value_next[name] = 0.0
-            estimates.append((values, value_next))
-            start += length
-        return estimates
+            values_next.append(value_next)
+        return {name: column[:steps] for name, column in columns.items()}, values_next
 
-    def _finish_trajectory(
-        self, trajectory: Trajectory, buffer: AgentBuffer, values: Values, value_next: Dict[str, Any]
-    ) -> None:
-        """PPOTrainer._process_trajectory after its value estimates: the same steps, stats and
-        buffers, in the same order."""
-        super(PPOTrainer, self)._process_trajectory(trajectory)  # RLTrainer's: steps, summaries, checkpoints
-        agent_id = trajectory.agent_id
-        for name, estimate in values.items():
-            buffer[RewardSignalUtil.value_estimates_key(name)].extend(estimate)
-            self._stats_reporter.add_stat(
-                f"Policy/{self.optimizer.reward_signals[name].name.capitalize()} Value Estimate", np.mean(estimate)
-            )
-        self.collected_rewards["environment"][agent_id] += np.sum(buffer[BufferKey.ENVIRONMENT_REWARDS])
-        for name, reward_signal in self.optimizer.reward_signals.items():
-            rewards = reward_signal.evaluate(buffer) * reward_signal.strength
-            buffer[RewardSignalUtil.rewards_key(name)].extend(rewards)
-            self.collected_rewards[name][agent_id] += np.sum(rewards)
-        advantages, returns = [], []
-        for name in self.optimizer.reward_signals:
-            estimate = buffer[RewardSignalUtil.value_estimates_key(name)].get_batch()
-            advantage = get_gae(
-                rewards=buffer[RewardSignalUtil.rewards_key(name)].get_batch(),
-                value_estimates=estimate,
-                value_next=value_next[name],
-                gamma=self.optimizer.reward_signals[name].gamma,
-                lambd=self.hyperparameters.lambd,
-            )
-            returns.append(advantage + estimate)
-            advantages.append(advantage)
-            buffer[RewardSignalUtil.returns_key(name)].set(returns[-1])
-            buffer[RewardSignalUtil.advantage_key(name)].set(advantage)
-        buffer[BufferKey.ADVANTAGES].set(list(np.mean(np.array(advantages, dtype=np.float32), axis=0)))
-        buffer[BufferKey.DISCOUNTED_RETURNS].set(list(np.mean(np.array(returns, dtype=np.float32), axis=0)))
-        if self.should_still_train:  # as RLTrainer._append_to_update_buffer, of sequences of one step
-            for key, entries in buffer.items():
-                self.update_buffer[key].extend(entries)
-        if trajectory.done_reached:
-            self._update_end_episode_stats(agent_id, self.optimizer)
+    def _signal_rewards(self, trajectories: Sequence[Trajectory], buffer: AgentBuffer) -> Values:
+        """Each reward signal's rewards for every step of the round, in one evaluation each."""
+        return {
+            name: signal.evaluate(buffer) * signal.strength for name, signal in self.optimizer.reward_signals.items()
+        }
 
     def _update_policy(self) -> bool:
         hyperparameters = self.hyperparameters
