@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OVERRIDES := requirements/mlagents-py311.txt
+# What benchmarks/ needs beyond the dev extra (matplotlib), constrained by $(OVERRIDES): .venv only.
+BENCH_REQUIREMENTS := requirements/bench.txt
 # Python 3.10, ML-Agents' own: from pyenv on the project's machines, else from PATH.
 PYTHON310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) python3.10)
 VENV310 := .venv310
@@ -20,7 +22,8 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 # The ML-Agents 1.0.0 leg: what touches ML-Agents (docs/platforms.md has the table).
 MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli.py tests/test_dropin.py \
 	tests/test_real_faults_learn.py tests/test_network.py tests/test_trainers.py \
-	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes
+	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \
+	tests/test_e2e_player.py::test_ppo_fast_trains_through_a_crash_and_exports_what_ppo_exports
 # The portable leg (docs/platforms.md): what macOS and Windows run, on Linux.
 PORTABLE_TESTS := tests/test_contract.py tests/test_faults.py tests/test_real_faults.py \
 	tests/test_real_faults_learn.py tests/test_shutdown.py tests/test_signals.py tests/test_terminal.py tests/test_wire.py \
@@ -38,7 +41,7 @@ install: $(STAMP)
 
 # Python 3.11, editable, with ML-Agents' Python 3.11 overrides: see docs/install.md for why
 # ML-Agents is installed this way. pip shows what it installs.
-$(STAMP): setup.py $(OVERRIDES)
+$(STAMP): setup.py $(OVERRIDES) $(BENCH_REQUIREMENTS)
 	@echo "==> [1/6] virtual environment $(VENV)"
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	@echo "==> [2/6] pip"
@@ -47,8 +50,9 @@ $(STAMP): setup.py $(OVERRIDES)
 	$(BIN)/pip install -r $(OVERRIDES)
 	@echo "==> [4/6] mlagents and mlagents-envs 1.1.0, without their unsatisfiable pins"
 	$(BIN)/pip install --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
-	@echo "==> [5/6] mlagents-plugin with its dev and ray extras"
+	@echo "==> [5/6] mlagents-plugin with its dev and ray extras, and what the benchmarks draw with"
 	$(BIN)/pip install -c $(OVERRIDES) -e ".[dev,ray]"
+	$(BIN)/pip install -r $(BENCH_REQUIREMENTS)
 	@echo "==> [6/6] fast protobuf for mlagents-envs (the wheel carries this .pth), then the doctor's check"
 	$(BIN)/python -m mlagents_plugin.fast_protobuf --install-pth
 	$(BIN)/python -m mlagents_plugin doctor

@@ -9,7 +9,9 @@ results/bench/): throughput trainer unity startup faults drift ray training conc
 
 Runs that stand alone, with options of their own (``bench.py RUN --help``): chaos, compare-faults
 (the fault benchmarks, with the ``faults`` section), ray-faults, ray-scale, training-python (the
-``training`` section's Python-env cases alone), ppo-update (``ppo`` against ``ppo_fast``).
+``training`` section's Python-env cases alone), training-trainers (``ppo`` and ``ppo_fast``
+end to end: issue 33's speed table), ppo-update (``ppo`` against ``ppo_fast``: the
+trainer's time), learning (``ppo`` against ``ppo_fast``: what they learn, over seeds).
 """
 import argparse
 import json
@@ -25,7 +27,9 @@ RUNS = {  # stand-alone runs: each its own process, as it needs (a Ray cluster, 
     "ray-faults": ["ray_faults.py"],
     "ray-scale": ["ray_scale.py"],
     "training-python": ["training.py", "--python-only"],
+    "training-trainers": ["training.py", "--trainers"],
     "ppo-update": ["ppo_update.py"],
+    "learning": ["learning.py"],
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in RUNS:

@@ -1,5 +1,6 @@
 """CI's smoke run of the benchmarks: they run, and write their report. Speed is not asserted
 here (the machine is shared); docs/benchmarks.md has the figures of full runs."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -31,7 +32,10 @@ def test_quick_benchmarks_run_and_report(tmp_path):
     assert all(row["ours"]["cold_startup_s"] > 0 for row in report["startup"])
 
 
-@pytest.mark.parametrize("run", ["chaos", "compare-faults", "ray-faults", "ray-scale", "training-python", "ppo-update"])
+@pytest.mark.parametrize(
+    "run", ["chaos", "compare-faults", "ray-faults", "ray-scale", "training-python", "training-trainers", "ppo-update",
+            "learning"]
+)
 @pytest.mark.timeout(120)
 def test_bench_py_is_the_front_of_every_stand_alone_run(run):
     """``bench.py RUN --help`` reaches the run's own options (benchmarks/README.md's commands)."""
@@ -41,6 +45,50 @@ def test_bench_py_is_the_front_of_every_stand_alone_run(run):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_quick_learning_benchmark_reports_a_table_and_draws_its_curves(tmp_path):
+    """``bench.py learning --quick``: one case, ``ppo`` and ``ppo_fast``, one seed each, each in a
+    process of its own; the table on stdout, the picture and the runs in --out (not docs/)."""
+    docs_png = REPO / "docs" / "learning_curves.png"
+    before = docs_png.stat().st_mtime_ns if docs_png.exists() else None
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench.py"), "learning", "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=110,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| case | type | success" in result.stdout and "| discrete | `ppo` |" in result.stdout, result.stdout
+    assert "|  | `ppo_fast` |" in result.stdout and "Verdict:" in result.stdout, result.stdout
+    assert (tmp_path / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((tmp_path / "learning.json").read_text())
+    assert sorted(run["trainer_type"] for run in report["runs"]) == ["ppo", "ppo_fast"]
+    assert all(run["steps"] and len(run["seconds"]) == len(run["rewards"]) for run in report["runs"])
+    assert (docs_png.stat().st_mtime_ns if docs_png.exists() else None) == before
+
+
+def learning_module():
+    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.fast
+def test_the_learning_verdict_takes_noise_and_refuses_a_worse_learner():
+    """benchmarks/learning.py's criterion: success counts at most max(1, N/5) of N apart, and each
+    type's median final reward within the other's range over seeds; fewer than 3 seeds: no verdict."""
+    judge = learning_module().judge
+
+    def scores(*finals):
+        return [{"final": f, "success": f > 0.9} for f in finals]
+
+    noisy = judge(scores(0.93, 0.94, 0.92, 0.5, 0.95), scores(0.94, 0.93, 0.92, 0.91, 0.6))  # 4 and 4 of 5
+    assert noisy == (True, "equal within noise")
+    assert judge(scores(0.93, 0.94, 0.92, 0.95, 0.94), scores(0.93, 0.2, 0.1, 0.3, 0.94))[0] is False  # 5 against 2
+    ok, why = judge(scores(0.93, 0.94, 0.95, 0.5, 0.4), scores(0.92, 0.91, 0.7, 0.6, 0.65))  # 3 against 2, but lower
+    assert ok is False and why == "ppo's median final reward 0.930 outside ppo_fast's [0.600, 0.920]"
+    assert judge(scores(0.9), scores(0.1))[0] is None
 
 
 @pytest.mark.ray
