@@ -28,7 +28,7 @@ MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli
 PORTABLE_TESTS := tests/test_contract.py tests/test_faults.py tests/test_real_faults.py \
 	tests/test_real_faults_learn.py tests/test_shutdown.py tests/test_signals.py tests/test_terminal.py tests/test_wire.py \
 	tests/test_network.py \
-	tests/test_trainers.py::test_mlagents_learn_trains_with_ppo_fast_from_one_word \
+	tests/test_trainers.py::test_mlagents_learn_trains_with_ppo_fast_from_one_word_from_a_ppo_run_and_resumes \
 	tests/test_player.py::test_death_during_handshake_is_recovered_by_the_manager \
 	tests/test_dropin.py::test_reset_raises_the_error_of_a_worker_that_cannot_start \
 	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \

@@ -22,7 +22,9 @@ ML-Agents' wheel ships no tests, so upstream's own ``simple_test_envs`` (and its
 ``MultiAgentEnvironment``) cannot be imported: the multi-agent case is the package's
 SimpleEnvironment with 2 agents stepping together (upstream's MultiAgentEnvironment is POCA's test
 env: an agent that finishes before its group gets its reward as a group reward, which ``ppo``'s
-``Environment/Cumulative Reward`` does not count).
+``Environment/Cumulative Reward`` does not count). Two cases are not upstream's: 16 agents in one
+env, without and with ``normalize: true``, the shape of a build, where a round brings many
+trajectories at once (what ``ppo_fast`` processes together, NOTE [ A round at once ]).
 
 Per summary (every 100 agent steps): the agent steps, the seconds since ``train`` started, and the
 mean episode reward. What is judged, as upstream's ``check_environment_trains`` judges (the mean of
@@ -98,6 +100,19 @@ CASES: Dict[str, Dict[str, Any]] = {
         "mirrors": "several agents in one env (upstream's MultiAgentEnvironment has 2): 2 agents",
         "env": {"num_agents": 2},
     },
+    # not upstream's: a build's shape, where a round brings many trajectories (NOTE [ A round at
+    # once ]), without and with the normalisers that ppo_fast updates once per round
+    "16 agents": {
+        "mirrors": "test_simple_ppo with 16 agents in one env, 6000 steps",
+        "env": {"action": "discrete", "num_agents": 16},
+        "max_steps": 6000,
+    },
+    "16 agents, normalize": {
+        "mirrors": "test_simple_ppo with 16 agents in one env, 6000 steps, network_settings.normalize: true",
+        "env": {"action": "discrete", "num_agents": 16},
+        "network": {"normalize": True},
+        "max_steps": 6000,
+    },
 }
 DEFAULT_MAX_STEPS = 3000  # upstream's test configuration's
 
@@ -154,6 +169,8 @@ def one_run(spec: Dict[str, Any]) -> Dict[str, Any]:
     )
     if case.get("hyperparameters"):
         config = attr.evolve(config, hyperparameters=attr.evolve(config.hyperparameters, **case["hyperparameters"]))
+    if case.get("network"):
+        config = attr.evolve(config, network_settings=attr.evolve(config.network_settings, **case["network"]))
     if case.get("memory"):
         memory = NetworkSettings.MemorySettings(**case["memory"])
         config = attr.evolve(config, network_settings=attr.evolve(config.network_settings, memory=memory))

@@ -7,9 +7,11 @@ as upstream's; and ``mlagents-learn`` trains with it from the one word in the YA
 learns as well from its own values is a result over seeds: benchmarks/learning.py."""
 import json
 import random
+import re
 import subprocess
 import sys
 import textwrap
+from typing import Tuple
 
 import attr
 import numpy as np
@@ -48,11 +50,16 @@ TRAIN_ONCE = textwrap.dedent("""
         signals = dict(config.reward_signals)
         signals[RewardSignalType.CURIOSITY] = CuriositySettings(strength=0.02, gamma=0.99)
         config = attr.evolve(config, reward_signals=signals)
+    largest_round = 0
     if case.get("upstream_values"):  # the round's passes checked against upstream's, whose results are kept
         from mlagents_plugin.trainers.ppo_fast import FastPPOTrainer
         batched_values, batched_rewards = FastPPOTrainer._value_estimates, FastPPOTrainer._signal_rewards
+        this_round = []
 
         def upstream_values(self, trajectories, buffer):
+            global largest_round
+            largest_round = max(largest_round, len(trajectories))
+            this_round[:] = trajectories
             values, values_next = {}, []
             for trajectory in trajectories:
                 done = trajectory.done_reached and not trajectory.interrupted
@@ -69,12 +76,12 @@ TRAIN_ONCE = textwrap.dedent("""
                     np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-5, atol=1e-6)
             return values, values_next
 
-        def upstream_rewards(self, trajectories, buffer):
+        def upstream_rewards(self, buffer):  # the round's trajectories, as upstream_values saw them
             rewards = {
-                name: np.concatenate([signal.evaluate(t.to_agentbuffer()) * signal.strength for t in trajectories])
+                name: np.concatenate([signal.evaluate(t.to_agentbuffer()) * signal.strength for t in this_round])
                 for name, signal in self.optimizer.reward_signals.items()
             }
-            for name, ours in batched_rewards(self, trajectories, buffer).items():
+            for name, ours in batched_rewards(self, buffer).items():
                 np.testing.assert_allclose(ours, rewards[name], rtol=1e-5, atol=1e-6)
             return rewards
 
@@ -83,6 +90,7 @@ TRAIN_ONCE = textwrap.dedent("""
     env = SimpleEnvironment(0, [channel], **case.get("env", {}))
     result = train(SimpleEnvManager(env, channel), config, seed=case["seed"])
     print("REWARDS " + json.dumps(result.stats), flush=True)
+    print(f"LARGEST ROUND {largest_round}", flush=True)
 """)
 
 CASES = {
@@ -93,18 +101,22 @@ CASES = {
     "recurrent, a batch of 20 in sequences of 8": {"memory": 8, "batch_size": 20},
     "curiosity": {"curiosity": True},
     "visual": {"env": {"visual_shape": [3, 20, 20]}},
+    "4 agents, curiosity: rounds of several trajectories": {"env": {"num_agents": 4}, "curiosity": True},
 }
 
 
-def train_once(tmp_path, trainer_type: str, case: dict) -> dict:
+def train_once(tmp_path, trainer_type: str, case: dict) -> Tuple[dict, int]:
+    """The stats of every summary, and the most trajectories ppo_fast processed in one round."""
     script = tmp_path / "train_once.py"
     script.write_text(TRAIN_ONCE)
     run = subprocess.run(
         [sys.executable, str(script), trainer_type, json.dumps(case)], capture_output=True, text=True, timeout=200
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("REWARDS "))
-    return json.loads(line[len("REWARDS "):])
+    lines = run.stdout.splitlines()
+    stats = next(line for line in lines if line.startswith("REWARDS "))[len("REWARDS "):]
+    largest_round = next(line for line in lines if line.startswith("LARGEST ROUND "))[len("LARGEST ROUND "):]
+    return json.loads(stats), int(largest_round)
 
 
 @pytest.mark.timeout(420)
@@ -112,12 +124,15 @@ def train_once(tmp_path, trainer_type: str, case: dict) -> dict:
 def test_ppo_fast_with_upstreams_values_learns_exactly_what_ppo_learns(tmp_path, case):
     """Every stat of every summary (rewards, losses, value estimates, entropy, learning rate) is
     the same, to the last bit: the same buffers, the same minibatches in the same order from the
-    same draws; and every round, the batched pass's values equal upstream's to rounding."""
+    same draws; and every round, the batched passes' values and rewards equal upstream's to
+    rounding. With several agents, rounds of several trajectories are among them."""
     settings = {"seed": 1337, "steps": 1000, **CASES[case], "upstream_values": True}
-    ppo, fast = train_once(tmp_path, "ppo", settings), train_once(tmp_path, "ppo_fast", settings)
+    (ppo, _), (fast, largest_round) = train_once(tmp_path, "ppo", settings), train_once(tmp_path, "ppo_fast", settings)
     losses = [name for name in ppo["Simple"] if name.startswith("Losses/")]
     assert losses and ppo["Simple"]["Environment/Cumulative Reward"], ppo  # it updated and it scored
     assert fast == ppo
+    if "memory" not in CASES[case]:  # recurrent policies keep upstream's path, a trajectory at a time
+        assert largest_round >= (2 if CASES[case].get("env", {}).get("num_agents", 1) > 1 else 1)
 
 
 def _experience(rng: random.Random, obs_shapes, mates: int, masked: bool, memory: bool) -> AgentExperience:
@@ -195,15 +210,32 @@ def test_a_yaml_means_the_same_settings_for_ppo_fast_as_for_ppo(ml_agents_hooks)
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(300)
-def test_mlagents_learn_trains_with_ppo_fast_from_one_word(tmp_path):
-    def edit(config):
-        behavior = config["behaviors"]["Simple"]
-        behavior["trainer_type"] = "ppo_fast"
-        behavior["max_steps"] = 600
+@pytest.mark.timeout(400)
+def test_mlagents_learn_trains_with_ppo_fast_from_one_word_from_a_ppo_run_and_resumes(tmp_path):
+    """One word in the YAML; ``--initialize-from`` a ``ppo`` run (the checkpoints are the same
+    files: the same policy and optimizer); ``--resume`` from its own."""
 
-    run = run_learn(tmp_path, write_config(tmp_path, "simple_python_env.yaml", edit), "--num-envs=2")
+    def edit(trainer_type: str, max_steps: int):
+        def change(config):
+            config["behaviors"]["Simple"].update(trainer_type=trainer_type, max_steps=max_steps)
+
+        return change
+
+    ppo = run_learn(tmp_path, write_config(tmp_path, "simple_python_env.yaml", edit("ppo", 300)), "--run-id=ppo")
+    assert ppo.returncode == 0, ppo.stdout[-3000:] + ppo.stderr[-3000:]
+    config = write_config(tmp_path, "simple_python_env.yaml", edit("ppo_fast", 600))
+    run = run_learn(tmp_path, config, "--num-envs=2", "--initialize-from=ppo")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Initializing from results/ppo/Simple/checkpoint.pt" in run.stdout + run.stderr
     saved = yaml.safe_load((tmp_path / "results" / "run" / "configuration.yaml").read_text())
     assert saved["behaviors"]["Simple"]["trainer_type"] == "ppo_fast"
     assert list((tmp_path / "results" / "run").glob("Simple*.onnx")), "no model exported"
+
+    config = write_config(tmp_path, "simple_python_env.yaml", edit("ppo_fast", 900))
+    resumed = run_learn(tmp_path, config, "--num-envs=2", "--resume")
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-6000:]
+    resumed_at = re.search(r"Resuming training from step (\d+)\.", output)
+    exported = [int(step) for step in re.findall(r"Exported results/run/Simple/Simple-(\d+)\.onnx", output)]
+    assert resumed_at and int(resumed_at.group(1)) >= 600, output[-3000:]  # where the last run stopped
+    assert exported and max(exported) >= 900, output[-3000:]

@@ -30,8 +30,11 @@ it changes and what it measures.
 # - with ``normalize: true``, the normalisers take the round in one update, and the values of
 #   its first trajectories see the steps of its later ones: a running mean and variance over
 #   every step seen, moved by one round's steps, as when upstream's trainer runs a little later.
-# Recurrent policies keep upstream's path: their critic carries a memory from one trajectory of
-# an agent to the next, which a batch cannot.
+#   The same holds for RND with ``normalize: true`` in its own network settings (its evaluation
+#   updates its normaliser: once per round here), and for a checkpoint that falls mid-round
+#   (its normalisers have seen the whole round).
+# Recurrent policies keep upstream's path: their critic's memory runs on from each trajectory to
+# the next (ML-Agents keeps one, whatever the agent), so the values depend on their order.
 
 # NOTE [ The same minibatches ]
 # ML-Agents' update (OnPolicyTrainer._update_policy) normalises the advantages, then for each
@@ -53,10 +56,11 @@ from collections import defaultdict
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
-import torch
+from mlagents.torch_utils import torch
 from mlagents.trainers.agent_processor import AgentManagerQueue
 from mlagents.trainers.buffer import AgentBuffer, AgentBufferKey, BufferKey, RewardSignalUtil
 from mlagents.trainers.ppo.trainer import PPOTrainer
+from mlagents.trainers.torch_entities.utils import ModelUtils
 from mlagents.trainers.trainer.trainer_utils import get_gae
 from mlagents.trainers.trajectory import ObsUtil, Trajectory
 from mlagents_envs.timers import hierarchical_timer
@@ -66,9 +70,8 @@ from mlagents_plugin.trainers.trajectories import round_buffer
 TRAINER_NAME = "ppo_fast"
 
 Field = Union[np.ndarray, List[Any]]
-
-
 Values = Dict[str, np.ndarray]
+Bootstrap = Union[np.ndarray, float]  # a value estimate of shape (1,), or 0.0 after a terminal step
 
 
 class FastPPOTrainer(PPOTrainer):
@@ -107,7 +110,7 @@ class FastPPOTrainer(PPOTrainer):
             self.policy.actor.update_normalization(buffer)
             self.optimizer.critic.update_normalization(buffer)
         values, values_next = self._value_estimates(trajectories, buffer)
-        rewards = self._signal_rewards(trajectories, buffer)
+        rewards = self._signal_rewards(buffer)
         environment = np.asarray(buffer[BufferKey.ENVIRONMENT_REWARDS])
         # float32, as the optimizer reads them; GAE gives float64 after a terminal step (its
         # bootstrap value is 0.0), rounded here once, as upstream's are when they become tensors
@@ -118,15 +121,13 @@ class FastPPOTrainer(PPOTrainer):
             rows = slice(start, start + len(trajectory.steps))
             start = rows.stop
             super(PPOTrainer, self)._process_trajectory(trajectory)  # RLTrainer's: steps, summaries, checkpoints
-            agent_id = trajectory.agent_id
-            for name in values:
-                self._stats_reporter.add_stat(
-                    f"Policy/{self.optimizer.reward_signals[name].name.capitalize()} Value Estimate",
-                    np.mean(values[name][rows]),
-                )
-            self.collected_rewards["environment"][agent_id] += np.sum(environment[rows])
+            self._record(
+                trajectory.agent_id,
+                {name: values[name][rows] for name in values},
+                np.sum(environment[rows]),
+                {name: rewards[name][rows] for name in rewards},
+            )
             for name, signal in self.optimizer.reward_signals.items():
-                self.collected_rewards[name][agent_id] += np.sum(rewards[name][rows])
                 advantage = get_gae(
                     rewards=rewards[name][rows],
                     value_estimates=values[name][rows],
@@ -137,46 +138,58 @@ class FastPPOTrainer(PPOTrainer):
                 advantages[name][rows] = advantage
                 returns[name][rows] = advantage + values[name][rows]
             if trajectory.done_reached:
-                self._update_end_episode_stats(agent_id, self.optimizer)
-        for name in self.optimizer.reward_signals:
-            fields = {  # in upstream's order: ML-Agents 1.x's value_estimates_key IS returns_key, so
-                # the returns overwrite the value estimates, and the update reads returns as old values
-                RewardSignalUtil.value_estimates_key(name): values[name],
-                RewardSignalUtil.rewards_key(name): rewards[name],
-                RewardSignalUtil.returns_key(name): returns[name],
-                RewardSignalUtil.advantage_key(name): advantages[name],
-            }
-            for key, column in fields.items():
-                buffer[key].extend(column)
-        buffer[BufferKey.ADVANTAGES].extend(np.mean(np.array(list(advantages.values())), axis=0))
-        buffer[BufferKey.DISCOUNTED_RETURNS].extend(np.mean(np.array(list(returns.values())), axis=0))
-        if self.should_still_train:  # as RLTrainer._append_to_update_buffer, in sequences of one step
-            for key, entries in buffer.items():
+                self._update_end_episode_stats(trajectory.agent_id, self.optimizer)
+        columns: Dict[AgentBufferKey, np.ndarray] = {}  # the fields in upstream's order
+        for name in rewards:
+            columns[RewardSignalUtil.value_estimates_key(name)] = values[name]
+        for name in rewards:
+            columns[RewardSignalUtil.rewards_key(name)] = rewards[name]
+        for name in rewards:
+            # ML-Agents 1.x's returns_key IS value_estimates_key: the returns replace the value
+            # estimates, as upstream's set() does, and the update reads them as the old values
+            columns[RewardSignalUtil.returns_key(name)] = returns[name]
+            columns[RewardSignalUtil.advantage_key(name)] = advantages[name]
+        columns[BufferKey.ADVANTAGES] = np.mean(np.array(list(advantages.values())), axis=0)
+        columns[BufferKey.DISCOUNTED_RETURNS] = np.mean(np.array(list(returns.values())), axis=0)
+        for key, column in columns.items():
+            buffer[key].extend(column)
+        # upstream appends each trajectory while it should still train; after max_steps no update
+        # follows, so the round that crosses it is dropped whole
+        if self.should_still_train:
+            for key, entries in buffer.items():  # sequences of one step: resequence_and_append's extend
                 self.update_buffer[key].extend(entries)
+
+    def _record(self, agent_id: str, values: Values, environment: float, rewards: Values) -> None:
+        """A trajectory's stats, as PPOTrainer._process_trajectory reports them."""
+        for name, estimates in values.items():
+            signal = self.optimizer.reward_signals[name]
+            self._stats_reporter.add_stat(f"Policy/{signal.name.capitalize()} Value Estimate", np.mean(estimates))
+        self.collected_rewards["environment"][agent_id] += environment
+        for name, signal_rewards in rewards.items():
+            self.collected_rewards[name][agent_id] += np.sum(signal_rewards)
 
     def _value_estimates(
         self, trajectories: Sequence[Trajectory], buffer: AgentBuffer
-    ) -> Tuple[Values, List[Dict[str, Any]]]:
+    ) -> Tuple[Values, List[Dict[str, Bootstrap]]]:
         """The value estimates of every step of the round, and each trajectory's bootstrap values,
         from one critic pass: the round's steps, then each trajectory's next observation (what
         get_trajectory_value_estimates gives a trajectory at a time)."""
         steps = buffer.num_experiences
         inputs = [
-            torch.as_tensor(
+            ModelUtils.list_to_tensor(
                 np.concatenate(
                     [np.asarray(buffer[ObsUtil.get_name_at(i)])]
                     + [np.asarray(trajectory.next_obs[i])[np.newaxis] for trajectory in trajectories]
-                ),
-                dtype=torch.float32,
+                )
             )
             for i in range(len(self.policy.behavior_spec.observation_specs))
         ]
         with torch.no_grad():
             outputs, _ = self.optimizer.critic.critic_pass(inputs, None, sequence_length=steps + len(trajectories))
-        columns = {name: output.numpy() for name, output in outputs.items()}
-        values_next: List[Dict[str, Any]] = []
+        columns = {name: ModelUtils.to_numpy(output) for name, output in outputs.items()}
+        values_next: List[Dict[str, Bootstrap]] = []
         for index, trajectory in enumerate(trajectories):
-            value_next: Dict[str, Any] = {name: column[steps + index, np.newaxis] for name, column in columns.items()}
+            value_next: Dict[str, Bootstrap] = {name: column[steps + index, None] for name, column in columns.items()}
             if trajectory.done_reached and not trajectory.interrupted:
                 for name in value_next:
                     if not self.optimizer.reward_signals[name].ignore_done:
@@ -184,7 +197,7 @@ class FastPPOTrainer(PPOTrainer):
             values_next.append(value_next)
         return {name: column[:steps] for name, column in columns.items()}, values_next
 
-    def _signal_rewards(self, trajectories: Sequence[Trajectory], buffer: AgentBuffer) -> Values:
+    def _signal_rewards(self, buffer: AgentBuffer) -> Values:
         """Each reward signal's rewards for every step of the round, in one evaluation each."""
         return {
             name: signal.evaluate(buffer) * signal.strength for name, signal in self.optimizer.reward_signals.items()
