@@ -312,26 +312,29 @@ def markdown(rows: List[Dict]) -> str:
         return out + ["| " + " | ".join([row["case"], *(cell(row) for _, cell in columns)]) + " |" for row in rows]
 
     all_, rest = " / ".join(names), " / ".join(others)
-    steps, cpu = "agent steps/s", "trainer CPU ms per 1000 agent steps"
+
+    def window(prefix: str) -> List[Tuple[str, Any]]:
+        """Speed and trainer CPU over one window: between summaries (""), or the whole run."""
+        return [
+            (f"agent steps/s: {all_}", lambda r: cells(r, f"{prefix}agent_steps_per_s", ".0f")),
+            (f"speed-up: {rest}", lambda r: ratios(r, f"{prefix}agent_steps_per_s")),
+            (f"trainer CPU ms per 1000 agent steps: {all_}",
+             lambda r: cells(r, f"{prefix}trainer_cpu_us_per_agent_step", ".0f")),
+            (f"CPU per agent step, fraction of {first}'s: {rest}",
+             lambda r: ratios(r, f"{prefix}trainer_cpu_us_per_agent_step")),
+        ]
+
     return "\n".join([
         f"Configurations: {all_}. {rows[0]['rounds']} round(s), medians; ratios against {first}.", "",
         *table("Between the first and the last summary", [
-            (f"{steps}: {all_}", lambda r: cells(r, "agent_steps_per_s", ".0f")),
-            (f"speed-up: {rest}", lambda r: ratios(r, "agent_steps_per_s")),
-            (f"{cpu}: {all_}", lambda r: cells(r, "trainer_cpu_us_per_agent_step", ".0f")),
-            (f"CPU per agent step, fraction of {first}'s: {rest}",
-             lambda r: ratios(r, "trainer_cpu_us_per_agent_step")),
+            *window(""),
             (f"evaluate per env step: {all_}", lambda r: cells(r, "evaluate_per_env_step", ".2f")),
             (f"final reward: {all_}", lambda r: cells(r, "final_reward", ".2f")),
         ]), "",
         *table("Whole runs (player: the mlagents-learn process, start to exit; Python: the manager's "
                "construction to the end of its close)", [
             (f"whole run s: {all_}", lambda r: cells(r, "whole_run_s", ".1f")),
-            (f"{steps}: {all_}", lambda r: cells(r, "whole_agent_steps_per_s", ".0f")),
-            (f"speed-up: {rest}", lambda r: ratios(r, "whole_agent_steps_per_s")),
-            (f"{cpu}: {all_}", lambda r: cells(r, "whole_trainer_cpu_us_per_agent_step", ".0f")),
-            (f"CPU per agent step, fraction of {first}'s: {rest}",
-             lambda r: ratios(r, "whole_trainer_cpu_us_per_agent_step")),
+            *window("whole_"),
             (f"first summary s: {all_}", lambda r: cells(r, "first_summary_s", ".1f")),
         ]), "",
         *table("Where the trainer's wall time goes (ML-Agents' timers, shares of the timer root)", [
