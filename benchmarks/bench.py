@@ -38,8 +38,7 @@ if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in RUNS:
     script, *options = RUNS[sys.argv[1]]
     os.execv(sys.executable, [sys.executable, os.path.join(HERE, script), *options, *sys.argv[2:]])
 
-sys.path.insert(0, HERE)
-
+# The sections sit beside this script, whose folder Python puts first on sys.path.
 import concurrent_runs  # noqa: E402
 import drift  # noqa: E402
 import fault_costs  # noqa: E402

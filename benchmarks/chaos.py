@@ -34,9 +34,11 @@ from typing import Dict, List, NamedTuple
 import psutil
 import yaml
 
+from mlagents_plugin.examples import config_file
+from mlagents_plugin.local import processes
+from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing.ports import free_port_block
 
-REPO = Path(__file__).resolve().parents[1]
 MLAGENTS_LEARN = str(Path(sys.executable).parent / "mlagents-learn")
 TIMEOUT_WAIT_S = 10  # mlagents-envs' wait for a build (--timeout-wait)
 STEP_TIMEOUT_S = 12.0  # ours, a little longer: a stopped player is mlagents-envs' to report
@@ -140,9 +142,6 @@ def leftovers(trainer_pid: int, run_dir: Path, temp_dir: Path) -> Dict[str, list
     torch creates under TMPDIR and keeps on purpose, for every later run (``cache``). The
     plugin's only temp dirs with a fixed place, Ray's /tmp/mlap-ray-<pid>-*, are looked for by
     name (a local run makes none)."""
-    sys.path.insert(0, str(REPO))
-    from mlagents_plugin.local import processes
-
     procs = {p.pid for p in processes.find_tagged(processes.owner_prefix(trainer_pid))}
     for proc in processes.every_process():
         try:
@@ -174,10 +173,6 @@ def health(run_dir: Path) -> Dict[str, float]:
 def run(args: argparse.Namespace) -> Dict:
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.out))
-    sys.path.insert(0, str(REPO))
-    from mlagents_plugin.examples import config_file
-    from mlagents_plugin.player.build import make_build
-
     make_build(str(work / "builds"), "goal")
     config = yaml.safe_load(config_file("goal_player.yaml").read_text())
     config["behaviors"]["Goal"]["max_steps"] = 10**8

@@ -7,23 +7,12 @@ import statistics
 import time
 from typing import Dict, List
 
+from harness import FirstLog
 from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
-
-
-class _FirstRestart(logging.Handler):
-    """Notes when the supervisor logs its first restart: when it noticed the death."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.at = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.at is None and "Restarting env worker" in record.getMessage():
-            self.at = time.perf_counter()
 
 
 def death(n_env: int) -> Dict[str, float]:
@@ -33,7 +22,7 @@ def death(n_env: int) -> Dict[str, float]:
         make_factory(SimpleEnvironment, step_sleep_s=0.001), run_options, n_env,
         EnvManagerSettings(restart_backoff_s=0.0),
     )
-    handler = _FirstRestart()
+    handler = FirstLog("Restarting env worker")  # the supervisor's first restart: it noticed the death
     logging.getLogger("mlagents_plugin.core.manager").addHandler(handler)
     try:
         manager.reset({})

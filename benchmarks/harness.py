@@ -1,8 +1,10 @@
 """Run steppers in alternating slices and measure them, so that on a shared, noisy machine
-every stepper sees the same noise; the ratios between them are what holds."""
+every stepper sees the same noise; the ratios between them are what holds. And ``FirstLog``,
+the fault benchmarks' clock on a log line."""
+import logging
 import statistics
 import time
-from typing import Callable, Dict, List, NamedTuple, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from steppers import Factory, Stepper
 
@@ -81,3 +83,16 @@ def interleave(steppers: List[Stepper], slices: int, slice_s: float, warmup_s: f
         for stepper in steppers:
             measure(stepper, slice_s, totals[stepper.name])
     return {name: t.as_dict() for name, t in totals.items()}
+
+
+class FirstLog(logging.Handler):
+    """When (``time.perf_counter``) a log record containing ``text`` was first seen; None before."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+        self.at: Optional[float] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.at is None and self.text in record.getMessage():
+            self.at = time.perf_counter()

@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Dict, List, Optional
 
+from harness import FirstLog
 from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin.core.settings import EnvManagerSettings
@@ -21,18 +22,6 @@ from mlagents_plugin.ray.manager import RayEnvManager
 from mlagents_plugin.testing import HangingEnvironment, SimpleEnvironment, make_factory
 
 SETTINGS = dict(backend="ray", restart_backoff_s=0.0, ray={"num_cpus_per_worker": 1})
-
-
-class _FirstLog(logging.Handler):
-    """When a log record containing ``text`` was first seen."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text, self.at = text, None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.at is None and self.text in record.getMessage():
-            self.at = time.perf_counter()
 
 
 def _until_worker_steps(manager, worker_ids, since: float, limit_s: float = 120) -> float:
@@ -48,8 +37,8 @@ def _until_worker_steps(manager, worker_ids, since: float, limit_s: float = 120)
     raise RuntimeError(f"workers {worker_ids} did not step again within {limit_s} s")
 
 
-def _watch(logger: str, text: str) -> _FirstLog:
-    handler = _FirstLog(text)
+def _watch(logger: str, text: str) -> FirstLog:
+    handler = FirstLog(text)
     logging.getLogger(logger).addHandler(handler)
     return handler
 

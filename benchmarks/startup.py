@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Dict, List
 
 from mlagents_plugin.testing.ports import free_port_block
@@ -190,8 +189,6 @@ def markdown(rows: List[Dict]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_env
         print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     else:
         sys.exit(__doc__)

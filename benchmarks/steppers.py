@@ -1,26 +1,34 @@
-"""The things a benchmark steps side by side, behind one small interface.
+"""The things a benchmark steps side by side, behind one small interface, and the one pipe
+baseline that the ``throughput`` and ``trainer`` sections both measure against.
 
-Each stepper steps ``n`` envs built by the same factory, without a policy (empty actions), and
-returns as soon as at least one env has stepped, as ML-Agents' env managers do:
+Each stepper steps ``n`` envs built by the same factory and returns as soon as at least one env
+has stepped, as ML-Agents' env managers do. ``stepper_makers`` (``throughput``) steps them with
+no policy (empty actions); trainer_loop.py drives the same managers in the trainer's loop:
 
 - ``ours``: SupervisedEnvManager;
 - ``upstream``: ML-Agents' SubprocessEnvManager;
 - ``in-process``: the env stepped in the trainer process, as ML-Agents' SimpleEnvManager does;
-- ``raw pipe``: the floor: forkserver processes that step the env and send the same step
-  results through a bare ``multiprocessing.Pipe``; the trainer waits on all pipes at once.
+- ``bare pipe`` (``BARE_PIPE``): the floor, ``BarePipeEnvManager``: forks of the trainer (as
+  upstream's workers, the cheapest start) and a bare ``multiprocessing.Pipe`` each, carrying the
+  step's arrays one way and the actions' arrays the other; the trainer waits on all pipes at
+  once, and calls the policy, where there is one, per worker, as upstream's ``_take_step`` does.
+  (``throughput`` tables recorded before this one pipe name it ``raw pipe``: docs/benchmarks.md.)
 """
 import multiprocessing
 from multiprocessing.connection import Connection, wait
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from mlagents.trainers.env_manager import EnvManager
+from mlagents.trainers.action_info import ActionInfo
+from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
 from mlagents.trainers.settings import RunOptions
 from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
+from mlagents_envs.base_env import ActionTuple, BehaviorSpec, DecisionSteps, TerminalSteps
 
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
 
 Factory = Callable[..., object]
+BARE_PIPE = "bare pipe"
 
 
 class Stepper:
@@ -34,61 +42,142 @@ class Stepper:
         raise NotImplementedError
 
 
+def agent_steps(steps: List[EnvironmentStep]) -> int:
+    """How many agents' steps (decision and terminal) came back in ``steps``."""
+    return sum(len(d) + len(t) for s in steps for d, t in s.current_all_step_result.values())
+
+
 class ManagerStepper(Stepper):
+    """An env manager, reset once, then stepped with ``get_steps``; closed if its reset fails."""
+
     def __init__(self, name: str, manager: EnvManager):
         self.name = name
         self.manager = manager
-        manager.reset({})  # upstream cannot take None
+        try:
+            self._start()
+        except BaseException:
+            manager.close()
+            raise
+
+    def _start(self) -> None:
+        self.manager.reset({})  # upstream cannot take None
 
     def step(self) -> Tuple[int, int]:
         steps = self.manager.get_steps()
-        agents = sum(len(d) + len(t) for s in steps for d, t in s.current_all_step_result.values())
-        return len(steps), agents
+        return len(steps), agent_steps(steps)
 
     def close(self) -> None:
         self.manager.close()
 
 
-def _raw_worker(conn: Connection, factory: Factory, worker_id: int) -> None:
-    env = factory(worker_id, [])
-    env.reset()
-    while conn.recv() is not None:
-        env.step()
-        conn.send({name: env.get_steps(name) for name in env.behavior_specs})
+# --------------------------------------------------------------------------- the bare pipe
 
 
-class RawPipeStepper(Stepper):
-    name = "raw pipe"
+StepArrays = Tuple[Any, ...]  # a DecisionSteps' six fields, then a TerminalSteps' six
+
+
+def _arrays(decision: DecisionSteps, terminal: TerminalSteps) -> StepArrays:
+    return (
+        decision.obs, decision.reward, decision.agent_id, decision.action_mask, decision.group_id,
+        decision.group_reward, terminal.obs, terminal.reward, terminal.interrupted, terminal.agent_id,
+        terminal.group_id, terminal.group_reward,
+    )
+
+
+def _bare_worker(conn: Connection, factory: Factory, worker_id: int) -> None:
+    env: Any = factory(worker_id, [])
+    try:
+        while True:
+            message = conn.recv()
+            if message is None:
+                return
+            if message == "reset":
+                env.reset()
+            else:
+                for name, (continuous, discrete) in message.items():
+                    env.set_actions(name, ActionTuple(continuous, discrete))
+                env.step()
+            results = {name: _arrays(*env.get_steps(name)) for name in env.behavior_specs}
+            conn.send((dict(env.behavior_specs) if message == "reset" else None, results))
+    finally:
+        env.close()
+
+
+class BarePipeEnvManager(EnvManager):
+    """What an env manager cannot do with less: a pipe per worker, arrays each way."""
 
     def __init__(self, factory: Factory, n_env: int):
-        context = multiprocessing.get_context("forkserver")
+        super().__init__()
+        context = multiprocessing.get_context("fork")
         self.conns: List[Connection] = []
         self.processes = []
         for worker_id in range(n_env):
             parent, child = context.Pipe()
-            process = context.Process(target=_raw_worker, args=(child, factory, worker_id))
+            process = context.Process(target=_bare_worker, args=(child, factory, worker_id), daemon=True)
             process.start()
             child.close()
             self.conns.append(parent)
             self.processes.append(process)
-        self.idle = list(self.conns)
+        self.specs: Dict[str, BehaviorSpec] = {}
+        self.previous: List[EnvironmentStep] = []
+        self.sent: Dict[int, Dict[str, ActionInfo]] = {}  # worker id -> the actions it steps with
 
-    def step(self) -> Tuple[int, int]:
-        for conn in self.idle:
-            conn.send(1)
-        self.idle = wait(self.conns)
-        agents = 0
-        for conn in self.idle:
-            agents += sum(len(d) + len(t) for d, t in conn.recv().values())
-        return len(self.idle), agents
+    def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
+        for conn in self.conns:
+            conn.send("reset")
+        self.previous = [self._received(worker_id, {}) for worker_id in range(len(self.conns))]
+        self.sent = {}
+        return list(self.previous)
+
+    def _step(self) -> List[EnvironmentStep]:
+        for worker_id, conn in enumerate(self.conns):
+            if worker_id in self.sent:
+                continue
+            last = self.previous[worker_id]
+            infos = {
+                name: self.policies[name].get_action(decision, worker_id)
+                for name, (decision, _) in last.current_all_step_result.items()
+                if name in self.policies
+            }
+            conn.send({name: (i.env_action.continuous, i.env_action.discrete) for name, i in infos.items()})
+            self.sent[worker_id] = infos
+        steps = []
+        for conn in wait([self.conns[worker_id] for worker_id in self.sent]):
+            worker_id = self.conns.index(conn)  # type: ignore[arg-type]
+            steps.append(self._received(worker_id, self.sent.pop(worker_id)))
+        return steps
+
+    def _received(self, worker_id: int, infos: Dict[str, ActionInfo]) -> EnvironmentStep:
+        specs, results = self.conns[worker_id].recv()
+        self.specs.update(specs or {})
+        decoded = {name: (DecisionSteps(*a[:6]), TerminalSteps(*a[6:])) for name, a in results.items()}
+        step = EnvironmentStep(decoded, worker_id, infos, {})
+        if self.previous:
+            self.previous[worker_id] = step
+        return step
+
+    def set_env_parameters(self, config: Optional[Dict] = None) -> None:
+        pass
+
+    @property
+    def training_behaviors(self) -> Dict[str, BehaviorSpec]:
+        return self.specs
 
     def close(self) -> None:
-        for conn in self.conns:
-            if conn in self.idle:
+        for worker_id, conn in enumerate(self.conns):
+            try:
+                if worker_id in self.sent and conn.poll(5):
+                    conn.recv()  # the step it is busy with
                 conn.send(None)
+            except (OSError, EOFError):
+                pass  # gone already: killed below
         for process in self.processes:
+            process.join(timeout=5)
             process.kill()
             process.join()
+
+
+# ------------------------------------------------------------------------------ the others
 
 
 def stepper_makers(names: List[str], factory: Factory, n_env: int) -> List[Callable[[], Stepper]]:
@@ -97,7 +186,7 @@ def stepper_makers(names: List[str], factory: Factory, n_env: int) -> List[Calla
             "ours", SupervisedEnvManager(factory, RunOptions(), n_env, EnvManagerSettings())
         ),
         "upstream": lambda: ManagerStepper("upstream", SubprocessEnvManager(factory, RunOptions(), n_env)),
-        "raw pipe": lambda: RawPipeStepper(factory, n_env),
+        BARE_PIPE: lambda: ManagerStepper(BARE_PIPE, BarePipeEnvManager(factory, n_env)),
         "in-process": lambda: InProcessStepper(factory),
     }
     return [makers[name] for name in names if name != "in-process" or n_env == 1]

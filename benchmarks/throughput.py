@@ -1,11 +1,11 @@
-"""Throughput and trainer CPU: ours, upstream, in-process and a raw pipe, side by side."""
+"""Throughput and trainer CPU: ours, upstream, in-process and the bare pipe, side by side, no policy."""
 import functools
 from typing import Dict, List
 
 from harness import Scenario, side_by_side
-from steppers import stepper_makers
+from steppers import BARE_PIPE, stepper_makers
 
-MANAGERS = ["ours", "upstream", "raw pipe", "in-process"]
+MANAGERS = ["ours", "upstream", BARE_PIPE, "in-process"]
 
 SCENARIOS = [
     Scenario("cheap, 1 agent", dict(num_agents=1), (1, 2, 4, 8)),
@@ -41,22 +41,22 @@ def _line(row: Dict) -> str:
 
 def markdown(rows: List[Dict]) -> str:
     out = [
-        "| Scenario | Workers | ours env steps/s | upstream | raw pipe | in-process | ours / raw | ours / upstream "
-        "| trainer CPU µs per env step: ours / upstream | trainer cores: ours / upstream "
-        "| get_steps p99 ms: ours / upstream / raw |",
+        "| Scenario | Workers | ours env steps/s | upstream | bare pipe | in-process | ours / bare pipe "
+        "| ours / upstream | trainer CPU µs per env step: ours / upstream | trainer cores: ours / upstream "
+        "| get_steps p99 ms: ours / upstream / bare |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         r = row["results"]
-        ours, up, raw = r["ours"], r["upstream"], r["raw pipe"]
+        ours, up, bare = r["ours"], r["upstream"], r[BARE_PIPE]
         inproc = f"{r['in-process']['env_steps_per_s']:.0f}" if "in-process" in r else ""
         out.append(
             f"| {row['scenario']} | {row['workers']} | {ours['env_steps_per_s']:.0f} | {up['env_steps_per_s']:.0f} "
-            f"| {raw['env_steps_per_s']:.0f} | {inproc} "
-            f"| {ours['env_steps_per_s'] / raw['env_steps_per_s']:.2f} "
+            f"| {bare['env_steps_per_s']:.0f} | {inproc} "
+            f"| {ours['env_steps_per_s'] / bare['env_steps_per_s']:.2f} "
             f"| {ours['env_steps_per_s'] / up['env_steps_per_s']:.2f} "
             f"| {ours['trainer_cpu_us_per_env_step']:.0f} / {up['trainer_cpu_us_per_env_step']:.0f} "
             f"| {ours['trainer_cores']:.3f} / {up['trainer_cores']:.3f} "
-            f"| {ours['get_steps_p99_ms']:.2f} / {up['get_steps_p99_ms']:.2f} / {raw['get_steps_p99_ms']:.2f} |"
+            f"| {ours['get_steps_p99_ms']:.2f} / {up['get_steps_p99_ms']:.2f} / {bare['get_steps_p99_ms']:.2f} |"
         )
     return "\n".join(out)

@@ -1,4 +1,4 @@
-"""Env managers driven as ML-Agents' TrainerController drives them, side by side with a bare pipe.
+"""Env managers driven as ML-Agents' TrainerController drives them, side by side with the bare pipe.
 
 Each manager gets, per behaviour, ML-Agents' TorchPolicy (PPO's actor, as ``network_settings``
 of the training harness: one layer of 32) and an AgentManager; the loop is TrainerController's
@@ -9,37 +9,32 @@ builds trajectories), and the trajectories are taken off its queue and dropped.
 - ``ours``: SupervisedEnvManager (batched inference: one forward pass for every idle worker);
 - ``ours per worker``: the same with ``batch_inference: false`` (one pass per worker, as upstream);
 - ``upstream``: ML-Agents' SubprocessEnvManager;
-- ``bare pipe``: the floor: forks of the trainer (as upstream's workers, the cheapest start) and a
-  bare ``multiprocessing.Pipe`` each, carrying the step's arrays one way and the actions' arrays the
-  other; the policy is called per worker, as upstream's ``_take_step`` does.
+- ``bare pipe``: the floor, steppers.py's ``BarePipeEnvManager`` (the ``throughput`` section's
+  too): a forked worker and a bare pipe each, arrays each way, the policy called per worker.
 
 Two figures per case: the steady state (alternating slices after a warm-up: env steps/s and
 the trainer's CPU per env step) and the whole run (construction, first reset, ``WHOLE_RUN_STEPS``
 env steps per worker, close: seconds of wall time, median of alternating rounds).
 """
-import multiprocessing
 import statistics
 import time
-from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from harness import Scenario, side_by_side
-from mlagents.trainers.action_info import ActionInfo
 from mlagents.trainers.agent_processor import AgentManager, AgentManagerQueue
-from mlagents.trainers.env_manager import EnvironmentStep, EnvManager
+from mlagents.trainers.env_manager import EnvManager
 from mlagents.trainers.policy.torch_policy import TorchPolicy
 from mlagents.trainers.settings import NetworkSettings, RunOptions
 from mlagents.trainers.stats import StatsReporter
 from mlagents.trainers.subprocess_env_manager import SubprocessEnvManager
 from mlagents.trainers.torch_entities.networks import SimpleActor
-from mlagents_envs.base_env import ActionTuple, BehaviorSpec, DecisionSteps, TerminalSteps
-from steppers import Factory, Stepper
+from steppers import BARE_PIPE, BarePipeEnvManager, Factory, ManagerStepper, Stepper, agent_steps
 
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.supervisor import SupervisedEnvManager
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
-MANAGERS = ("ours", "ours per worker", "upstream", "bare pipe")
+MANAGERS = ("ours", "ours per worker", "upstream", BARE_PIPE)
 TIME_HORIZON = 64  # the AgentManager's trajectory length, as the harness's PPO configuration
 WHOLE_RUN_STEPS = 200  # env steps per worker in a whole run
 
@@ -51,131 +46,12 @@ SCENARIOS = [
 QUICK = [Scenario("cheap, 1 agent", dict(num_agents=1), (2,))]
 
 
-# --------------------------------------------------------------------------- the bare pipe
-
-
-StepArrays = Tuple[Any, ...]  # a DecisionSteps' six fields, then a TerminalSteps' six
-
-
-def _arrays(decision: DecisionSteps, terminal: TerminalSteps) -> StepArrays:
-    return (
-        decision.obs, decision.reward, decision.agent_id, decision.action_mask, decision.group_id,
-        decision.group_reward, terminal.obs, terminal.reward, terminal.interrupted, terminal.agent_id,
-        terminal.group_id, terminal.group_reward,
-    )
-
-
-def _bare_worker(conn: Connection, factory: Factory, worker_id: int) -> None:
-    env: Any = factory(worker_id, [])
-    try:
-        while True:
-            message = conn.recv()
-            if message is None:
-                return
-            if message == "reset":
-                env.reset()
-            else:
-                for name, (continuous, discrete) in message.items():
-                    env.set_actions(name, ActionTuple(continuous, discrete))
-                env.step()
-            results = {name: _arrays(*env.get_steps(name)) for name in env.behavior_specs}
-            conn.send((dict(env.behavior_specs) if message == "reset" else None, results))
-    finally:
-        env.close()
-
-
-class BarePipeEnvManager(EnvManager):
-    """What an env manager cannot do with less: a pipe per worker, arrays each way."""
-
-    def __init__(self, factory: Factory, n_env: int):
-        super().__init__()
-        context = multiprocessing.get_context("fork")
-        self.conns: List[Connection] = []
-        self.processes = []
-        for worker_id in range(n_env):
-            parent, child = context.Pipe()
-            process = context.Process(target=_bare_worker, args=(child, factory, worker_id), daemon=True)
-            process.start()
-            child.close()
-            self.conns.append(parent)
-            self.processes.append(process)
-        self.specs: Dict[str, BehaviorSpec] = {}
-        self.previous: List[EnvironmentStep] = []
-        self.sent: Dict[int, Dict[str, ActionInfo]] = {}  # worker id -> the actions it steps with
-
-    def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
-        for conn in self.conns:
-            conn.send("reset")
-        self.previous = [self._received(worker_id, {}) for worker_id in range(len(self.conns))]
-        self.sent = {}
-        return list(self.previous)
-
-    def _step(self) -> List[EnvironmentStep]:
-        for worker_id, conn in enumerate(self.conns):
-            if worker_id in self.sent:
-                continue
-            last = self.previous[worker_id]
-            infos = {
-                name: self.policies[name].get_action(decision, worker_id)
-                for name, (decision, _) in last.current_all_step_result.items()
-                if name in self.policies
-            }
-            conn.send({name: (i.env_action.continuous, i.env_action.discrete) for name, i in infos.items()})
-            self.sent[worker_id] = infos
-        steps = []
-        for conn in wait([self.conns[worker_id] for worker_id in self.sent]):
-            worker_id = self.conns.index(conn)  # type: ignore[arg-type]
-            steps.append(self._received(worker_id, self.sent.pop(worker_id)))
-        return steps
-
-    def _received(self, worker_id: int, infos: Dict[str, ActionInfo]) -> EnvironmentStep:
-        specs, results = self.conns[worker_id].recv()
-        self.specs.update(specs or {})
-        decoded = {name: (DecisionSteps(*a[:6]), TerminalSteps(*a[6:])) for name, a in results.items()}
-        step = EnvironmentStep(decoded, worker_id, infos, {})
-        if self.previous:
-            self.previous[worker_id] = step
-        return step
-
-    def set_env_parameters(self, config: Optional[Dict] = None) -> None:
-        pass
-
-    @property
-    def training_behaviors(self) -> Dict[str, BehaviorSpec]:
-        return self.specs
-
-    def close(self) -> None:
-        for worker_id, conn in enumerate(self.conns):
-            try:
-                if worker_id in self.sent and conn.poll(5):
-                    conn.recv()  # the step it is busy with
-                conn.send(None)
-            except (OSError, EOFError):
-                pass  # gone already: killed below
-        for process in self.processes:
-            process.join(timeout=5)
-            process.kill()
-            process.join()
-
-
-# ------------------------------------------------------------------------ the trainer's loop
-
-
-class TrainerLoop(Stepper):
+class TrainerLoop(ManagerStepper):
     """TrainerController's ``advance`` around one env manager, its trainers never updating."""
 
-    def __init__(self, name: str, manager: EnvManager):
-        self.name = name
-        self.manager = manager
-        try:
-            self._start()
-        except BaseException:
-            manager.close()
-            raise
-
     def _start(self) -> None:
+        super()._start()
         manager = self.manager
-        manager.reset({})  # upstream cannot take None
         self.queues: List[AgentManagerQueue] = []
         for behavior, spec in manager.training_behaviors.items():
             policy = TorchPolicy(
@@ -193,11 +69,7 @@ class TrainerLoop(Stepper):
         for queue in self.queues:  # what a trainer takes, dropped
             while not queue.empty():
                 queue.get_nowait()
-        agents = sum(len(d) + len(t) for s in steps for d, t in s.current_all_step_result.values())
-        return len(steps), agents
-
-    def close(self) -> None:
-        self.manager.close()
+        return len(steps), agent_steps(steps)
 
 
 def _managers(factory: Factory, n_env: int) -> Dict[str, Callable[[], EnvManager]]:
@@ -207,7 +79,7 @@ def _managers(factory: Factory, n_env: int) -> Dict[str, Callable[[], EnvManager
             factory, RunOptions(), n_env, EnvManagerSettings(batch_inference=False)
         ),
         "upstream": lambda: SubprocessEnvManager(factory, RunOptions(), n_env),
-        "bare pipe": lambda: BarePipeEnvManager(factory, n_env),
+        BARE_PIPE: lambda: BarePipeEnvManager(factory, n_env),
     }
 
 

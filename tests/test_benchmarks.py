@@ -26,6 +26,8 @@ def test_quick_benchmarks_run_and_report(tmp_path):
     report = quick_bench(tmp_path, "--only", "throughput", "trainer", "unity", "startup", "faults", "drift")
     assert {"throughput", "trainer", "unity", "startup", "faults", "drift"} <= set(report)
     assert all(row["results"]["ours"]["env_steps_per_s"] > 0 for row in report["throughput"])
+    # one pipe baseline (benchmarks/steppers.py's BarePipeEnvManager), under one name in both sections
+    assert all({"ours", "upstream", "bare pipe"} <= set(row["results"]) for row in report["throughput"])
     for row in report["trainer"]:
         assert set(row["results"]) == {"ours", "ours per worker", "upstream", "bare pipe"}
         assert all(r["env_steps_per_s"] > 0 and r["whole_run_s"] > 0 for r in row["results"].values())
