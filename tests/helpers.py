@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mlagents_plugin.examples import config_file
-from mlagents_plugin.integration import rpc_server
+from mlagents_plugin.local import rpc_server
 from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.testing.ports import free_port_block  # noqa: F401  (the tests import it from here)
 

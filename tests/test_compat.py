@@ -41,6 +41,20 @@ def test_check_reports_a_missing_internal_and_a_changed_call(monkeypatch):
 
 
 @pytest.mark.fast
+def test_a_timed_method_is_checked_by_its_own_source(monkeypatch):
+    """mlagents-envs' ``@timed`` keeps the method in its wrapper's closure: the method's source
+    is read, not the wrapper's."""
+    evaluate = "mlagents.trainers.policy.torch_policy:TorchPolicy.evaluate"
+    monkeypatch.setattr(compat, "INTERNALS", [
+        Internal(evaluate, "test", "self.retrieve_memories("),
+        Internal(evaluate, "test", "hierarchical_timer("),  # the wrapper's
+    ])
+    assert compat.check() == [
+        f"ML-Agents: {evaluate} no longer mentions 'hierarchical_timer('; this ML-Agents is not supported (compat.py)."
+    ]
+
+
+@pytest.mark.fast
 def test_the_latest_registration_wins_and_hooks_wrap_ml_agents_own_functions(ml_agents_hooks, tmp_path):
     plugin.register()
     first = learn.SubprocessEnvManager.__self__

@@ -39,6 +39,9 @@ SHIMS = {
         "            raise ImportError('numpy.core.multiarray failed to import')\n"
         "sys.meta_path.insert(0, _Broken())\n"
     ),
+    # A Python whose multiprocessing no longer has a private the fork server relies on
+    # (local/fork_server.py's INTERNALS).
+    "multiprocessing_private_gone": "import multiprocessing.util\ndel multiprocessing.util._flush_std_streams\n",
     # The plugin's distribution metadata is not found (run from a checkout that was never installed).
     "plugin_not_installed": (
         "import importlib.metadata as m\n"
@@ -92,6 +95,14 @@ def test_a_numpy_that_does_not_import_is_one_line_with_the_fix(tmp_path):
     [problem] = _problems(result)
     assert "cannot be imported (ImportError: numpy.core.multiarray failed to import)" in problem
     assert f"pip install --force-reinstall '{_numpy_pin()}'" in problem
+
+
+@pytest.mark.timeout(120)
+def test_a_python_without_a_multiprocessing_private_the_fork_server_uses_is_one_line(tmp_path):
+    result = _doctor_with("multiprocessing_private_gone", tmp_path)
+    [problem] = _problems(result)
+    assert f"Python {sys.version.split()[0]}: multiprocessing.util:_flush_std_streams is missing" in problem
+    assert problem.endswith("(local/fork_server.py).")
 
 
 @pytest.mark.timeout(120)

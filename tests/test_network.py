@@ -1,6 +1,6 @@
 """Training opens no door to the network: every gRPC server a run starts for its Unity builds, or
 for the Editor, listens on loopback unless ``env_manager.listen`` says otherwise (NOTE [ Loopback
-only ] in integration/rpc_server.py). Nothing here connects anywhere: sockets are read with psutil."""
+only ] in local/rpc_server.py). Nothing here connects anywhere: sockets are read with psutil."""
 import ipaddress
 import os
 import signal

@@ -22,7 +22,7 @@ from helpers import (
     write_config,
 )
 
-from mlagents_plugin.integration import rpc_server
+from mlagents_plugin.local import rpc_server
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 

@@ -214,7 +214,7 @@ class EnvManagerSettings:
     # a worker's next actions are sent as soon as its step lands (NOTE [ Actions as steps land ])
     early_actions: bool = attr.ib(default=True, validator=_flag)
     # where each worker's gRPC server for its Unity build listens (NOTE [ Loopback only ] in
-    # integration/rpc_server.py): loopback, all (as mlagents-envs), or loopback and one address
+    # local/rpc_server.py): loopback, all (as mlagents-envs), or loopback and one address
     listen: str = attr.ib(
         default="loopback",
         converter=_loopback_by_name,

@@ -1,11 +1,14 @@
-"""Every use of ML-Agents 1.1.0 internals, in one place, and the check that they still exist.
+"""Every use of ML-Agents 1.1.0 internals, in one list, and the check that they still exist.
 
-The rest of the package uses ML-Agents' public classes only (EnvManager and its protected
-``_step``/``_reset_env``/``_take_step`` contract, BaseEnv, RunOptions, StatsReporter). What
-follows replaces module attributes and reads private attributes that ML-Agents does not promise
-to keep. ``INTERNALS`` names each of them; ``check()`` verifies them all, and runs in
+Beyond ML-Agents' public classes (EnvManager and its protected ``_step``/``_reset_env``/
+``_take_step`` contract, BaseEnv, RunOptions, StatsReporter), the package replaces module
+attributes, reads private attributes, and reproduces what methods do, which ML-Agents does not
+promise to keep: here (the hooks below), and in core/batching.py, core/stepper.py's early actions,
+core/worker_inputs.py, the worker's hooks in local/ and trainers/, each named in a comment over its
+entries. ``INTERNALS`` names each of them; ``check()`` verifies them all, and runs in
 ``python -m mlagents_plugin doctor`` and in the test suite, so that an ML-Agents upgrade fails
-loudly there rather than subtly in a training run. (Ray's internals: ``ray.local.check``.)
+loudly there rather than subtly in a training run. (Python's: ``local.fork_server.check``; Ray's:
+``ray.local.check``.)
 
 Each ``install_*`` wraps ML-Agents' original, never an earlier wrapper of ours: installing
 again (a second ``register()`` in one process, as tests do) replaces the hook, and the latest
@@ -63,13 +66,56 @@ INTERNALS = [
              "which linux/players.py replaces: the player dies with its worker", "subprocess.Popen("),
     Internal("mlagents_envs.environment:UnityEnvironment.__init__", "launches via env_utils.launch_executable",
              "launch_executable("),
-    # replaced in worker processes by rpc_server.py: NOTE [ One run per port ], NOTE [ Loopback only ]
+    # replaced in worker processes by local/rpc_server.py: NOTE [ One run per port ], NOTE [ Loopback only ]
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.create_server",
              "replaced: binds its port without SO_REUSEPORT", "grpc.so_reuseport"),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.create_server",
              "replaced: binds every address, where ours binds loopback", '"[::]:"'),
+    Internal("mlagents_envs.rpc_communicator:RpcCommunicator.create_server", "ours sets what it sets",
+             "self.unity_to_external = UnityToExternalServicerImplementation()"),
+    Internal("mlagents_envs.rpc_communicator:RpcCommunicator.create_server", "", "self.is_open = True"),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.__init__", "creates the server", "self.create_server()"),
     Internal("mlagents_envs.rpc_communicator:RpcCommunicator.check_port", "called by our create_server"),
+    # core/worker_inputs.py: the trainer makes the analytics messages, worker 0's channel queues them as they are
+    Internal("mlagents.trainers.training_analytics_side_channel:TrainingAnalyticsSideChannel.environment_initialized",
+             "queues one message, which worker_inputs.Analytics takes", "queue_message_to_send("),
+    Internal("mlagents.trainers.training_analytics_side_channel:TrainingAnalyticsSideChannel.training_started", "",
+             "queue_message_to_send("),
+    Internal("mlagents_envs.side_channel.side_channel:SideChannel.queue_message_to_send",
+             "its queue is read and written as a list of messages", "self.message_queue.append(msg.buffer)"),
+    # core/batching.py: one evaluate for many workers, then what get_action does for each (NOTE [ Batched inference ])
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.get_action", "batching.get_actions does what it does",
+             "run_out = self.evaluate(decision_requests, global_agent_ids)"),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.get_action", "",
+             'self.save_memories(global_agent_ids, run_out.get("memory_out"))'),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.get_action", "",
+             'self.check_nan_action(run_out.get("action"))'),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.get_action", "",
+             "get_global_agent_id(worker_id, int(agent_id))"),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.get_action", "", "return ActionInfo.empty()"),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.get_action", "",
+             'env_action=run_out.get("env_action")'),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.evaluate",
+             "called once on the workers' DecisionSteps together: reads their observations and masks",
+             "obs = decision_requests.obs"),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.evaluate", "",
+             "self._extract_masks(decision_requests)"),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy.evaluate", "memories by global agent id",
+             "self.retrieve_memories(global_agent_ids)"),
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy._extract_masks",
+             "a worker without masks is nothing masked, as batching fills it", "1 - np.concatenate("),
+    Internal("mlagents.trainers.policy.policy:Policy.save_memories", "called for a batch's agents"),
+    Internal("mlagents.trainers.policy.policy:Policy.check_nan_action", "called on a batch's actions"),
+    Internal("mlagents_envs.base_env:_ActionTupleBase", "evaluate's ActionTuples and LogProbsTuples are split by rows"),
+    Internal("mlagents.trainers.torch_entities.action_log_probs:LogProbsTuple", "", "(_ActionTupleBase)"),
+    Internal("mlagents.trainers.behavior_id_utils:get_global_agent_id",
+             "batching names agents as get_action does; drop_worker_trajectories finds a worker's by prefix",
+             'f"agent_{worker_id}-{agent_id}"'),
+    # core/stepper.py's early actions (NOTE [ Actions as steps land ]) and trainers/ppo_fast.py
+    Internal("mlagents.trainers.policy.torch_policy:TorchPolicy", "only ML-Agents' own policy class acts early"),
+    Internal("mlagents.trainers.policy.policy:Policy.__init__",
+             "read: a recurrent policy does not act early, and ppo_fast takes its trajectories one by one",
+             "self.use_recurrent"),
     Internal("mlagents.trainers.settings:check_hyperparam_schedules",
              "wrapped: ppo_fast's schedules are filled in as ppo's", 'trainer_type == "ppo"'),
     Internal("mlagents.trainers.settings:TrainerSettings.structure", "calls it by the module's name",
@@ -91,6 +137,8 @@ INTERNALS = [
     Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer.advance", "ppo_fast's advance takes what it takes",
              "for _ in range(traj_queue.qsize()):"),
     Internal("mlagents.trainers.trainer.rl_trainer:RLTrainer.advance", "", "if self._is_ready_update():"),
+    Internal("mlagents.trainers.trainer.on_policy_trainer:OnPolicyTrainer._is_ready_update",
+             "called by ppo_fast's advance"),
     Internal("mlagents.trainers.ppo.trainer:PPOTrainer._process_trajectory",
              "ppo_fast's round does what it does, in order", "self.optimizer.critic.update_normalization("),
     Internal("mlagents.trainers.ppo.trainer:PPOTrainer._process_trajectory", "",

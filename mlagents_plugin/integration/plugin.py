@@ -23,8 +23,8 @@ from mlagents_plugin.core.settings import (
     parse_section,
     write_effective_settings,
 )
-from mlagents_plugin.integration import compat, python_envs, rpc_server
-from mlagents_plugin.local import fork_server
+from mlagents_plugin.integration import compat, python_envs
+from mlagents_plugin.local import fork_server, rpc_server
 from mlagents_plugin.local.supervisor import SupervisedEnvManager, start_fork_server
 
 logger = logging_util.get_logger(__name__)

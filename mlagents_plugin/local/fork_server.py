@@ -33,9 +33,10 @@ from mlagents_plugin.core.internals import Internal, verify
 TRAINER_ENV = "MLAGENTS_PLUGIN_FORK_SERVER"
 logger = logging_util.get_logger(__name__)
 
-# multiprocessing's and logging's internals this module and local/linux/forked_server.py rely
-# on; ``check`` runs in the doctor and the test suite (core/internals.py), so that a Python
-# upgrade that changes them fails there, loudly.
+# multiprocessing's and logging's internals the process backend relies on (this module,
+# local/linux/forked_server.py, and the others each entry names); ``check`` runs in the doctor
+# and the test suite (core/internals.py), so that a Python upgrade that changes them fails there,
+# loudly.
 INTERNALS = [
     Internal("multiprocessing.forkserver:_forkserver", "the one ForkServer, whose state a forked server sets"),
     Internal("multiprocessing.forkserver:ForkServer.__init__", "set by a forked server; reset when one dies",
@@ -48,8 +49,22 @@ INTERNALS = [
     Internal("multiprocessing.forkserver:ForkServer.ensure_running",
              "its check of a dead server, which ours mirrors (NOTE [ A fork server dies ])",
              "os.waitpid(self._forkserver_pid, os.WNOHANG)"),
-    Internal("multiprocessing.forkserver:main", "a forked server's loop, called with the trainer's listener"),
+    Internal("multiprocessing.forkserver:main", "a forked server's loop, called with the trainer's listener",
+             "def main(listener_fd, alive_r, preload,"),
     Internal("multiprocessing.util:_flush_std_streams", "flushed before the trainer forks"),
+    Internal("multiprocessing.connection:arbitrary_address",
+             "a forked server's socket, named as ForkServer's own (local/backend.py looks for listener-*)",
+             "prefix='listener-', dir=util.get_temp_dir()"),
+    Internal("multiprocessing.util:get_temp_dir", "the fork server's socket dir: the reaper removes it, and "
+             "local/processes.py has it made under a short TMPDIR", "tempfile.mkdtemp(prefix='pymp-'"),
+    Internal("multiprocessing.spawn:get_preparation_data",
+             "reads the main module, which local/worker.py hides while a worker starts", "sys.modules['__main__']"),
+    Internal("multiprocessing.resource_tracker:ensure_running",
+             "started by core/signals.py before it blocks SIGINT, which the tracker's start unblocks"),
+    Internal("multiprocessing.resource_tracker:ResourceTracker.ensure_running", "",
+             "signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED_SIGNALS)"),
+    Internal("multiprocessing.resource_tracker:unregister",
+             "local/linux/hardening.py: a reaped worker's segments are forgotten there"),
     Internal("multiprocessing.popen_forkserver:Popen.poll", "exit code 255 for a worker whose server is gone",
              "returncode = 255"),
     Internal("logging:Manager.__init__", "a forked server keeps the files of every logger's handlers",
@@ -58,7 +73,7 @@ INTERNALS = [
 
 
 def check() -> List[str]:
-    """What of ``INTERNALS`` this Python no longer has (none matter off Linux: no fork server)."""
+    """What of ``INTERNALS`` this Python no longer has (not checked on Windows: no fork server)."""
     if sys.platform == "win32":
         return []
     return [f"Python {sys.version.split()[0]}: {p} (local/fork_server.py)." for p in verify(INTERNALS)]

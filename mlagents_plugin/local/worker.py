@@ -46,8 +46,7 @@ from mlagents_plugin.core.protocol import (
     unpack_request,
     wrap_exception,
 )
-from mlagents_plugin.integration import rpc_server
-from mlagents_plugin.local import hardening, processes
+from mlagents_plugin.local import hardening, processes, rpc_server
 from mlagents_plugin.local.readiness import WorkerConnection
 
 logger = logging_util.get_logger(__name__)

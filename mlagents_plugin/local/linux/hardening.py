@@ -10,10 +10,10 @@ from typing import List, Optional
 
 from mlagents_envs import logging_util
 
-from mlagents_plugin.local.hardening import Hardening
 from mlagents_plugin.local.linux import reaper as reaper_script
 from mlagents_plugin.local.linux import reaper_client
 from mlagents_plugin.local.player_watch import PlayerWatch
+from mlagents_plugin.local.portable import Hardening
 from mlagents_plugin.local.readiness import EpollReadiness, Readiness
 
 assert sys.platform == "linux"

@@ -1,6 +1,7 @@
 """The gRPC server each env worker runs for its Unity build, as mlagents-envs runs it, but alone
 on its port and on loopback. Installed in worker processes (it imports mlagents-envs only, never
-the trainers).
+the trainers), in place of ``RpcCommunicator.create_server``, an internal that
+integration/compat.py lists and checks.
 
 # NOTE [ One run per port ]
 # A Unity build connects to the trainer's gRPC server at base_port + worker id, and the default
