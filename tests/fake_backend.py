@@ -10,12 +10,12 @@ when (``faults``: (kind, step), step 0 meaning while it builds its env).
 import heapq
 import itertools
 import signal
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import cloudpickle
 from mlagents_envs.exception import UnityWorkerInUseException
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Message, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
 from mlagents_plugin.core.names import worker_label
@@ -189,12 +189,13 @@ class FakeBackend(Backend):
         self._schedule(worker.build())
         return Placement(spec.worker_id, worker.pid, "localhost")
 
-    def deliver(self, worker_ref: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
-        assert unpack_request(data).cmd is command
-        self.deliveries.append((worker_ref.worker_id, command, self.clock.now))
-        worker = self.workers.get(worker_ref.worker_id)
-        if worker is not None and worker.env is not None:
-            self._schedule(worker.serve(data, self.clock.now))
+    def deliver(self, messages: Sequence[Message]) -> None:
+        for worker_ref, command, data in messages:
+            assert unpack_request(data).cmd is command
+            self.deliveries.append((worker_ref.worker_id, command, self.clock.now))
+            worker = self.workers.get(worker_ref.worker_id)
+            if worker is not None and worker.spec.incarnation == worker_ref.incarnation and worker.env is not None:
+                self._schedule(worker.serve(data, self.clock.now))
 
     def _schedule(self, events: List[Tuple[float, Optional[Event]]]) -> None:
         for when, event in events:

@@ -246,12 +246,12 @@ def test_a_worker_killed_while_the_manager_waits_for_another_is_not_returned():
         for _ in range(7):
             assert len(manager.get_steps()) == 2
         steps = manager.get_steps()
-        assert [(s.worker_id, manager._slots[s.worker_id].incarnation) for s in steps] == [(0, 1)]
+        assert [(s.worker_id, manager.workers[s.worker_id].incarnation) for s in steps] == [(0, 1)]
         assert manager.restart_counts == {"died": 1}
 
 
 def sent_steps(manager: SupervisedManagerBase) -> List[int]:
-    backend = manager._backend
+    backend = manager.supervisor.backend
     assert isinstance(backend, FakeBackend)
     return [worker_id for worker_id, command, _ in backend.deliveries if command is EnvironmentCommand.STEP]
 
@@ -278,18 +278,18 @@ def test_actions_go_out_as_steps_land_except_for_recurrent_policies(kind, early_
             policy = make_policy(spec, deterministic=True, memory=LSTM if kind == "recurrent" else None)
         manager.set_policy("Simple", policy)
         manager.get_steps()
-        sent_before = {slot.worker_id: slot.previous_all_action_info["Simple"] for slot in manager._slots}
+        sent_before = {w.worker_id: manager.stepper.sent_actions(w.worker_id)["Simple"] for w in manager.workers}
         steps = manager.get_steps()
         assert sorted(s.worker_id for s in steps) == [0, 1]
         assert len(sent_steps(manager)) == (6 if early else 4)  # early: 2 rounds ahead of the trainer's 2
-        assert all(slot.state is (WorkerState.BUSY if early else WorkerState.IDLE) for slot in manager._slots)
+        assert all(slot.state is (WorkerState.BUSY if early else WorkerState.IDLE) for slot in manager.workers)
         for step in steps:  # the actions that led to the step: early, sent a round before
-            sent_now = manager._slots[step.worker_id].previous_all_action_info["Simple"]
+            sent_now = manager.stepper.sent_actions(step.worker_id)["Simple"]
             assert step.brain_name_to_action_info["Simple"] is (sent_before[step.worker_id] if early else sent_now)
         if early:  # what was sent answers the steps returned: what the policy gives them
             alone = twin(policy)
             for step in steps:
-                sent = manager._slots[step.worker_id].previous_all_action_info["Simple"]
+                sent = manager.stepper.sent_actions(step.worker_id)["Simple"]
                 decision_steps = step.current_all_step_result["Simple"][0]
                 expected = alone.get_action(decision_steps, step.worker_id)
                 np.testing.assert_array_equal(sent.env_action.discrete, expected.env_action.discrete)
@@ -304,7 +304,7 @@ def test_a_behaviour_without_a_policy_yet_waits_for_the_trainer():
     try:
         manager.reset()
         steps = manager.get_steps()  # the reset's steps, stepped without actions: no policy
-        assert all(slot.state is WorkerState.IDLE for slot in manager._slots)
+        assert all(slot.state is WorkerState.IDLE for slot in manager.workers)
         assert len(steps) == 2 and sent_steps(manager) == [0, 1]
     finally:
         manager.close()

@@ -1,10 +1,13 @@
 """The contract every backend keeps: one suite, run against the subprocess backend and the Ray
-backend (on the session's loopback Ray). Backend-specific behaviour stays in test_supervisor.py,
+backend (on the session's loopback Ray). The restarts after a death, a SIGKILL and a hang are
+tested here only, the subprocess backend's under each start method (the decision and its backoff:
+test_restart.py and test_lifecycle.py). Backend-specific behaviour stays in test_supervisor.py,
 test_faults.py, test_real_faults.py (processes, signals, the close ladder) and test_ray.py
 (actors, nodes, placement)."""
 import collections
 import os
 import signal
+import sys
 import time
 from typing import Dict, List, Tuple
 
@@ -32,7 +35,25 @@ from mlagents_plugin.testing import (
 )
 from mlagents_plugin.testing.training import check_environment_trains, train
 
-RAY = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one xdist worker starts the session's Ray
+RAY = [  # one xdist worker starts the session's Ray
+    pytest.mark.ray,
+    pytest.mark.xdist_group("ray"),
+    pytest.mark.skipif(sys.platform != "linux", reason="Ray is tested on Linux: the macOS and Windows jobs do not "
+                       "install the [ray] extra (docs/platforms.md)"),
+]
+SENDS_SIGKILL = pytest.mark.skipif(
+    sys.platform == "win32", reason="sends SIGKILL, which Windows does not have (a kill there is TerminateProcess)"
+)
+SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
+# For the restart tests: how a worker is started, noticed dead, killed and reaped differs between
+# start methods (fork server, spawn, fork). A Ray actor starts its envs by the default method.
+EACH_START_METHOD = pytest.mark.parametrize("backend", [
+    pytest.param("subprocess-forkserver", marks=SPAWN_ONLY),
+    "subprocess-spawn",
+    pytest.param("subprocess-fork", marks=SPAWN_ONLY),
+    pytest.param("ray", marks=RAY),
+    pytest.param("ray-k2", marks=RAY),
+])
 
 
 class CustomTestOnlyException(Exception):
@@ -41,7 +62,8 @@ class CustomTestOnlyException(Exception):
 
 @pytest.fixture(params=["subprocess", pytest.param("ray", marks=RAY), pytest.param("ray-k2", marks=RAY)])
 def backend(request) -> str:
-    """The backend, and on Ray how many envs one actor hosts (``ray-k2``: envs_per_worker 2)."""
+    """The backend, and on Ray how many envs one actor hosts (``ray-k2``: envs_per_worker 2); a
+    test may name the subprocess backend's start method (``subprocess-spawn``: EACH_START_METHOD)."""
     return request.param
 
 
@@ -50,15 +72,18 @@ def manager_of(request, backend, env_manager_factory):
     """``make(env_factory, n_env, **settings)`` -> a manager of ``backend`` (the shipped fixture);
     after the test, none of its processes (workers, actors) may outlive close(), and on Ray no
     connection may have left loopback."""
-    on_ray = backend.startswith("ray")
+    kind, _, variant = backend.partition("-")
+    on_ray = kind == "ray"
     ray_cluster = request.getfixturevalue("ray_cluster") if on_ray else None
     managers = []
 
     def make(env_factory, n_env=1, **settings):
         if on_ray:
             settings.setdefault("ray", {"num_cpus_per_worker": 1})
-            settings.setdefault("envs_per_worker", 2 if backend == "ray-k2" else 1)
-        managers.append(env_manager_factory(env_factory, n_env, backend=backend.split("-")[0], **settings))
+            settings.setdefault("envs_per_worker", 2 if variant == "k2" else 1)
+        elif variant:
+            settings.setdefault("start_method", variant)
+        managers.append(env_manager_factory(env_factory, n_env, backend=kind, **settings))
         return managers[-1]
 
     yield make
@@ -115,9 +140,9 @@ def experiences(manager, policy, n_agents: int, each: int) -> Tuple[Dict[str, Li
     while len(seen) < n_agents or min(len(e) for e in seen.values()) < each:
         steps = manager.get_steps()
         stepped += len(steps)
-        answered_early += sum(manager._slots[s.worker_id].awaiting is EnvironmentCommand.STEP for s in steps)
-        if manager.settings.early_actions and manager.settings.backend == "ray":  # sent at once (send_now)
-            assert all(host.call is not None for host in manager._backend._hosts if host.envs)
+        answered_early += sum(manager.workers[s.worker_id].awaiting is EnvironmentCommand.STEP for s in steps)
+        if manager.settings.early_actions and manager.settings.backend == "ray":  # delivered at once
+            assert all(host.calling for host in manager.supervisor.backend.hosts if host.envs)
         manager.process_steps(steps)
         while not agents.trajectory_queue.empty():
             trajectory = agents.trajectory_queue.get_nowait()
@@ -326,8 +351,9 @@ def test_unity_exception_surfaces_when_the_quota_is_used_up(run_options, manager
 # ------------------------------------------------------------------------ deaths, hangs
 
 
+@SENDS_SIGKILL
 @pytest.mark.timeout(120)
-def test_a_killed_worker_is_a_worker_death_naming_it(run_options, manager_of):
+def test_a_killed_worker_is_a_worker_death_naming_it(run_options, manager_of, backend):
     # step_timeout_s is far beyond the test's timeout: only the death itself can be noticed.
     run_options.env_settings.max_lifetime_restarts = 0  # no restart: the death surfaces
     manager = manager_of(make_factory(SimpleEnvironment, step_sleep_s=0.01), 2, step_timeout_s=600)
@@ -340,13 +366,19 @@ def test_a_killed_worker_is_a_worker_death_naming_it(run_options, manager_of):
     assert time.monotonic() - started < 5
     assert "env worker 1 (pid" in str(info.value) and f"pid {victim}" in str(info.value)
     assert "no restarts left" in info.value.__notes__[-1]
+    if backend == "subprocess":  # its process's end, explained (a Ray actor's death: test_ray.py)
+        assert f"env worker 1 (pid {victim}) was killed by SIGKILL: out of memory?" in str(info.value)
+        assert info.value.exitcode == -signal.SIGKILL
 
 
+@SENDS_SIGKILL  # (KillOnceBusy)
 @pytest.mark.timeout(300)
+@EACH_START_METHOD
 def test_a_worker_killed_mid_run_is_restarted_and_training_continues(manager_of):
     manager = manager_of(make_factory(SimpleEnvironment), 2, restart_backoff_s=0.0)
     manager.reset()
-    victim = host_pid(manager, 1)
+    before = {worker_id: host_pid(manager, worker_id) for worker_id in manager.placements}
+    victim = before[1]
     killer = KillOnceBusy(victim)
     try:
         check_environment_trains(manager, success_threshold=0.7, max_steps=3000)
@@ -354,9 +386,11 @@ def test_a_worker_killed_mid_run_is_restarted_and_training_continues(manager_of)
         killer.cancel()
     assert manager.restart_counts == {"died": 1}
     assert host_pid(manager, 1) != victim
+    assert {w: host_pid(manager, w) for w in manager.placements if w != 1} == {0: before[0]}  # only it restarted
 
 
 @pytest.mark.timeout(120)
+@EACH_START_METHOD
 def test_a_hung_worker_is_taken_down_and_restarted(manager_of, caplog):
     factory = make_factory(HangingEnvironment, after_steps=20, only_worker=1)
     manager = manager_of(factory, 2, step_timeout_s=2.0, restart_backoff_s=0.0)

@@ -1,10 +1,13 @@
-"""The fault model (docs/faults.md): deaths, hangs, broken exceptions, start-up failures and the
-restart policy, with real worker processes under every start method."""
+"""The fault model (docs/faults.md) with real worker processes: what a death or a hang is called,
+a hang while starting or resetting, exceptions that do not travel, start-up failures, port moves,
+the restart quota, health. Restarts after a death, a hang or a SIGKILL, under every start method:
+test_contract.py; the backoff: test_lifecycle.py."""
 import functools
 import logging
 import os
 import signal
 import socket
+import sys
 
 import psutil
 import pytest
@@ -19,7 +22,6 @@ from mlagents_envs.rpc_communicator import RpcCommunicator
 
 from mlagents_plugin.core.errors import ProtocolError, RemoteWorkerError, WorkerDiedError, WorkerTimeoutError
 from mlagents_plugin.core.protocol import EnvironmentCommand
-from mlagents_plugin.core.restart import Cause, RestartPolicy
 from mlagents_plugin.testing import (
     HangingEnvironment,
     HardExitEnvironment,
@@ -30,7 +32,8 @@ from mlagents_plugin.testing import (
 )
 from mlagents_plugin.testing.training import train
 
-START_METHODS = ["forkserver", "spawn", "fork"]
+SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
+START_METHODS = [pytest.param("forkserver", marks=SPAWN_ONLY), "spawn", pytest.param("fork", marks=SPAWN_ONLY)]
 FAST = dict(restart_backoff_s=0.0)
 
 
@@ -58,45 +61,13 @@ def last_worker_faults(env_class, num_envs, tmp_path, **kwargs):
 # ------------------------------------------------------------------------- hard death
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("num_envs", [1, 4])
-@pytest.mark.parametrize("start_method", START_METHODS)
-def test_death_restarts_only_that_worker(env_manager_factory, tmp_path, start_method, num_envs):
-    factory = last_worker_faults(HardExitEnvironment, num_envs, tmp_path, exit_code=9)
-    manager = env_manager_factory(factory, num_envs, start_method=start_method, **FAST)
-    manager.reset()
-    before = manager.worker_pids
-    victim = num_envs - 1
-    step_until(manager, lambda: manager.restart_counts.get("died") == 1)
-    step_until(manager, lambda: victim in manager.worker_pids)
-    after = manager.worker_pids
-    assert after[victim] != before[victim]
-    assert {w: p for w, p in after.items() if w != victim} == {
-        w: p for w, p in before.items() if w != victim
-    }
-    step_n(manager, 20)  # the restarted worker steps
-
-
-@pytest.mark.timeout(30)
-def test_healthy_workers_keep_stepping_while_one_restarts(run_options, env_manager_factory):
-    run_options.env_settings.restarts_rate_limit_n = 5
-    factory = make_factory(HardExitEnvironment, after_steps=3, only_worker=3, step_sleep_s=0.005)
-    manager = env_manager_factory(factory, 4, restart_backoff_s=2.0)
-    manager.reset()
-    # The first restart is immediate; the second waits restart_backoff_s.
-    step_until(manager, lambda: manager.restart_counts.get("died") == 2)
-    stepped = set()
-    while 3 not in manager.worker_pids:  # during the 2 s backoff
-        stepped |= {step.worker_id for step in manager.get_steps()}
-    assert stepped == {0, 1, 2}
-
-
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "how, expected",
     [
-        ("sigkill", "was killed by SIGKILL: out of memory?"),
-        ("sigsegv", "was killed by SIGSEGV: a crash in native code"),
+        # (SIGKILL's explanation: test_contract.py's test_a_killed_worker_is_a_worker_death_naming_it)
+        pytest.param("sigsegv", "was killed by SIGSEGV: a crash in native code", marks=pytest.mark.skipif(
+            sys.platform == "win32", reason="a kill by SIGSEGV is TerminateProcess on Windows: an exit code there")),
         ("exit", "exited with code 3"),
         # what multiprocessing reports for a worker whose fork server died (NOTE [ A fork server
         # dies ]): the server lives, so it is the worker's own exit, and counted
@@ -110,34 +81,19 @@ def test_death_is_explained(run_options, env_manager_factory, how, expected):
     kwargs = {
         "sigsegv": dict(signal_number=signal.SIGSEGV), "exit": dict(exit_code=3), "exit 255": dict(exit_code=255)
     }.get(how, {})
-    factory = make_factory(HardExitEnvironment, after_steps=10**9 if how == "sigkill" else 3, only_worker=1, **kwargs)
+    factory = make_factory(HardExitEnvironment, after_steps=3, only_worker=1, **kwargs)
     manager = env_manager_factory(factory, 2, step_timeout_s=600)
     manager.reset()
     pid = manager.worker_pids[1]
-    if how == "sigkill":
-        os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerDiedError) as info:
         step_until(manager, lambda: False)
     assert f"env worker 1 (pid {pid}) {expected}" in str(info.value)
-    codes = {"sigkill": -signal.SIGKILL, "sigsegv": -signal.SIGSEGV, "exit": 3, "exit 255": 255}
+    codes = {"sigsegv": -signal.SIGSEGV, "exit": 3, "exit 255": 255}
     assert info.value.exitcode == codes[how]
     assert any("no restarts left" in note for note in info.value.__notes__)
 
 
 # ------------------------------------------------------------------------------ hangs
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("num_envs", [1, 4])
-@pytest.mark.parametrize("start_method", START_METHODS)
-def test_hung_step_is_restarted(env_manager_factory, tmp_path, start_method, num_envs):
-    factory = last_worker_faults(HangingEnvironment, num_envs, tmp_path)
-    manager = env_manager_factory(
-        factory, num_envs, start_method=start_method, step_timeout_s=1.0, kill_grace_s=1.0, **FAST
-    )
-    manager.reset()
-    step_until(manager, lambda: manager.restart_counts.get("hung") == 1)
-    step_n(manager, 20)
 
 
 @pytest.mark.timeout(60)
@@ -267,6 +223,8 @@ def port_checking_env(worker_id, side_channels, base_port):
     return SimpleEnvironment(worker_id, side_channels)
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="psutil lists the machine's sockets on macOS only as root: "
+                    "the port's holder is not named there (docs/platforms.md)")
 @pytest.mark.timeout(60)
 def test_port_in_use_moves_the_worker_to_a_free_port(run_options, env_manager_factory, caplog):
     base = free_port_block(4)
@@ -302,18 +260,11 @@ def test_quota_exceeded_reports_the_restart_history(run_options, env_manager_fac
     assert note.count("after UnityCommunicationException: injected fault") == 2
 
 
-@pytest.mark.fast
-def test_backoff_is_counted_per_worker(run_options):
-    """(The backoff's growth, cap and rate period: test_lifecycle.py, on the manager's clock.)"""
-    policy = RestartPolicy(run_options.env_settings, backoff_s=1.0, clock=lambda: 0.0)
-    error = UnityCommunicationException("x")
-    assert [policy.record(0, Cause.UNITY, error) for _ in range(3)] == [0, 1, 2]
-    assert policy.record(1, Cause.UNITY, error) == 0
-
-
 # --------------------------------------------------------------------------- signals
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="os.kill(pid, SIGINT) is TerminateProcess on Windows, not a "
+                    "Ctrl-C (a console's Ctrl-C needs a person with the machine: docs/platforms.md)")
 @pytest.mark.timeout(30)
 def test_workers_ignore_sigint(env_manager_factory):
     manager = env_manager_factory(make_factory(SimpleEnvironment), 2)
@@ -357,6 +308,7 @@ def test_health_reaches_the_stats_reporter_and_close_summarises(env_manager_fact
 def test_a_request_the_worker_cannot_serve_is_answered_at_once(env_manager_factory, command, payload, words):
     manager = env_manager_factory(make_factory(SimpleEnvironment), 1, step_timeout_s=600.0)
     manager.reset()
-    manager._send(manager._slots[0], command, payload)
+    manager.supervisor.send(0, command, payload)
+    manager.supervisor.flush()
     with pytest.raises(ProtocolError, match=words):
         step_until(manager, lambda: False)

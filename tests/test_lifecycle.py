@@ -28,8 +28,9 @@ from mlagents_plugin.core.errors import (
     WorkerTimeoutError,
 )
 from mlagents_plugin.core.lifecycle import InvariantError, Reason, Slot, WorkerState
-from mlagents_plugin.core.manager import MAX_PORT_MOVES, SupervisedManagerBase
+from mlagents_plugin.core.manager import SupervisedManagerBase
 from mlagents_plugin.core.protocol import EnvironmentCommand
+from mlagents_plugin.core.restart import MAX_PORT_MOVES
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
@@ -135,10 +136,10 @@ def test_a_message_sent_while_a_step_is_outstanding_is_delivered_as_itself(harne
     the replies an env owes by it: a parameter change mid-step was counted as a STEP)."""
     h = harness(n_env=2)
     h.manager.reset()
-    h.manager._queue_steps()
+    h.manager.stepper.send_actions()
     h.manager.set_env_parameters({})
     assert [c for _, c, _ in h.backend.deliveries[-2:]] == [EnvironmentCommand.ENVIRONMENT_PARAMETERS] * 2
-    assert all(s.awaiting is EnvironmentCommand.STEP for s in h.manager._slots)
+    assert all(s.awaiting is EnvironmentCommand.STEP for s in h.manager.workers)
 
 
 @pytest.mark.parametrize("step_timeout_s", [0.5, 7.0, 70.0])
@@ -175,7 +176,7 @@ def test_a_trainer_busy_between_waits_still_sees_a_hang(harness):
     h = harness(behave(w1=Behavior(fault=("hang", 3))), run_options=quota(lifetime=0), step_timeout_s=10.0,
                 cpu_clock=cpu)
     h.manager.reset()
-    h.step_until(lambda: h.manager._slots[1].awaiting is EnvironmentCommand.STEP and h.backend.deliveries[-1][0] == 0)
+    h.step_until(lambda: h.manager.workers[1].awaiting is EnvironmentCommand.STEP and h.backend.deliveries[-1][0] == 0)
     h.clock.now += 30.0  # a long policy update
     cpu.now += 30.0
     with pytest.raises(WorkerTimeoutError, match="did not answer STEP within step_timeout_s=10.0"):
@@ -224,11 +225,15 @@ def backoffs(backend: FakeBackend, worker_id: int) -> List[float]:
     return [round(launched - gone, 3) for gone, launched in zip(released, launches, strict=False)]
 
 
-def test_backoff_is_zero_then_doubles_from_the_second_restart(harness):
-    always_dies = lambda worker_id, incarnation: Behavior(fault=("die", 2)) if worker_id == 0 else Behavior()
-    h = harness(always_dies, n_env=1, run_options=quota(lifetime=6, rate_n=-1), restart_backoff_s=0.5)
+@pytest.mark.parametrize("failure, error", [
+    (Behavior(fault=("die", 2)), WorkerDiedError),
+    (Behavior(fault=("raise", 2), exception=UnityTimeOutException), UnityTimeOutException),  # restarted as upstream
+], ids=["death", "unity-exception"])
+def test_backoff_is_zero_then_doubles_from_the_second_restart(harness, failure, error):
+    always_fails = lambda worker_id, incarnation: failure if worker_id == 0 else Behavior()
+    h = harness(always_fails, n_env=1, run_options=quota(lifetime=6, rate_n=-1), restart_backoff_s=0.5)
     h.manager.reset()
-    with pytest.raises(WorkerDiedError) as info:
+    with pytest.raises(error) as info:
         h.step_until(lambda: False)
     assert len(h.launch_times(0)) == 7  # the first incarnation, then 6 restarts
     # the first restart waits only for its predecessor to be gone (0.05 s here)
@@ -257,6 +262,37 @@ def test_the_backoff_counts_only_restarts_within_the_rate_limit_period(harness):
     assert backoffs(h.backend, 0)[:7] == [0.0, 4.0, 8.0, 16.0, 30.0, 30.0, 4.0]
 
 
+def test_the_backoff_is_counted_per_worker(harness):
+    """Worker 1 fails for the first time after worker 0's second failure: its own first restart
+    is still immediate."""
+
+    def script(worker_id, incarnation):
+        if worker_id == 0 and incarnation < 3:
+            return Behavior(fault=("die", 2))
+        return Behavior(fault=("die", 40)) if (worker_id, incarnation) == (1, 0) else Behavior()
+
+    h = harness(script, n_env=2, run_options=quota(rate_n=-1), restart_backoff_s=0.5)
+    h.manager.reset()
+    h.step_until(lambda: len(h.launch_times(0)) == 4 and len(h.launch_times(1)) == 2)
+    assert [w for w, _, _ in h.backend.released][:3] == [0, 0, 1]
+    assert backoffs(h.backend, 0) == [0.05, 0.5, 1.0]
+    assert backoffs(h.backend, 1) == [0.05]  # only its predecessor's departure
+
+
+def test_the_others_step_on_while_one_worker_waits_out_its_backoff(harness):
+    dies = lambda worker_id, incarnation: Behavior(fault=("die", 3)) if worker_id == 3 else Behavior()
+    h = harness(dies, n_env=4, run_options=quota(rate_n=5), restart_backoff_s=2.0)
+    h.manager.reset()
+    h.step_until(lambda: h.manager.restart_counts.get("died") == 2)  # the first restart is immediate
+    waiting_since, stepped, returned_at = h.clock.now, set(), []
+    while 3 not in h.manager.worker_pids:  # the second waits restart_backoff_s
+        stepped |= {step.worker_id for step in h.manager.get_steps()}
+        returned_at.append(h.clock.now)
+    assert stepped == {0, 1, 2}
+    assert returned_at[-1] - waiting_since >= 2.0 - 0.05  # the backoff passed, with steps all along:
+    assert max(b - a for a, b in zip([waiting_since, *returned_at[:-1]], returned_at, strict=True)) < 0.1
+
+
 def test_the_rate_limit_refuses_a_second_restart_within_its_period_and_allows_it_after(harness):
     dies_twice = lambda worker_id, incarnation: Behavior(fault=("die", 3)) if incarnation < 2 else Behavior()
     h = harness(dies_twice, n_env=1, run_options=quota(rate_n=1, period_s=60))
@@ -278,12 +314,17 @@ def test_a_worker_that_never_built_its_env_is_retried_once(harness):
     assert "never once finished building its env" in info.value.__notes__[-1]
 
 
+@pytest.mark.parametrize("n_env", [1, 4])
 @pytest.mark.parametrize("kind, cause", [("die", "died"), ("stop", "died"), ("hang", "hung")])
-def test_each_way_of_failing_is_restarted_under_its_cause(harness, kind, cause):
-    h = harness(behave(w1=Behavior(fault=(kind, 4))), step_timeout_s=5.0, restart_backoff_s=0.0)
+def test_each_way_of_failing_is_restarted_under_its_cause(harness, kind, cause, n_env):
+    """Only the failed worker is restarted; alone, it is waited for."""
+    last = n_env - 1
+    h = harness(behave(**{f"w{last}": Behavior(fault=(kind, 4))}), n_env=n_env, step_timeout_s=5.0,
+                restart_backoff_s=0.0)
     h.manager.reset()
-    h.step_until(lambda: h.manager.restart_counts == {cause: 1} and 1 in h.manager.worker_pids)
-    h.step_until(lambda: any(s.worker_id == 1 for s in h.manager.get_steps()))
+    h.step_until(lambda: h.manager.restart_counts == {cause: 1} and last in h.manager.worker_pids)
+    h.step_until(lambda: any(s.worker_id == last for s in h.manager.get_steps()))
+    assert [(w, i) for w, i, _, _ in h.backend.launches if i > 0] == [(last, 1)]
 
 
 def test_an_exception_that_is_not_restartable_reaches_the_trainer_with_its_type(harness):
@@ -352,7 +393,7 @@ def test_replies_of_a_replaced_incarnation_never_reach_the_trainer(harness):
     h.step_until(lambda: h.manager.restart_counts == {"died": 1})
     for _ in range(30):
         for step in h.manager.get_steps():
-            assert h.manager._slots[step.worker_id].live
+            assert h.manager.workers[step.worker_id].live
 
 
 # ------------------------------------------------------------------------------- close
@@ -360,8 +401,8 @@ def test_replies_of_a_replaced_incarnation_never_reach_the_trainer(harness):
 
 def test_close_releases_each_live_worker_the_way_its_state_calls_for(harness):
     h = harness(behave(w1=Behavior(startup_s=100.0)), n_env=2, startup_timeout_s=200.0)
-    h.manager._pump()  # worker 0 is up; worker 1 still builds its env
-    assert [s.state for s in h.manager._slots] == [WorkerState.IDLE, WorkerState.STARTING]
+    assert h.manager.training_behaviors  # worker 0 is up; worker 1 still builds its env
+    assert [s.state for s in h.manager.workers] == [WorkerState.IDLE, WorkerState.STARTING]
     h.manager.close()
     assert sorted(h.backend.released) == [(0, 0, Reason.CLOSE), (1, 0, Reason.BUILDING)]
     assert h.backend.closed
@@ -496,16 +537,16 @@ def test_a_manager_whose_workers_all_failed_says_so(harness):
 def test_transitions_refuse_what_the_state_does_not_allow():
     slot = Slot(0)
     with pytest.raises(InvariantError):
-        slot.ready(123, 0.0, 1.0)  # not starting
+        slot.ready(123, {}, 0.0, 1.0)  # not starting
     slot.launch(0.0, 10.0)
     slot.request(EnvironmentCommand.RESET, 0.0, 5.0)
     assert slot.state is WorkerState.STARTING and slot.deadline == 10.0  # the start's clock
-    slot.ready(123, 1.0, 5.0)
+    slot.ready(123, {}, 1.0, 5.0)
     assert slot.state is WorkerState.BUSY and slot.deadline == 6.0
     slot.check()
     with pytest.raises(InvariantError):
         slot.launch(1.0, 10.0)  # one incarnation at a time
-    slot.answered()
+    slot.answered({})
     slot.deadline = 3.0  # a bug elsewhere
     with pytest.raises(InvariantError):
         slot.check()
@@ -575,7 +616,7 @@ def test_any_fault_schedule_keeps_the_manager_consistent(harness, n_env, plan, r
             steps = h.manager.get_steps()
             assert steps  # never an empty list: ML-Agents' loop would spin on it
             for step in steps:
-                slot = h.manager._slots[step.worker_id]
+                slot = h.manager.workers[step.worker_id]
                 assert slot.state is WorkerState.IDLE or (with_policy and slot.awaiting is EnvironmentCommand.STEP)
             assert h.clock.now >= before
     except AllWorkersFailedError:

@@ -8,7 +8,7 @@ local/backend.py is the process backend, ray/backend.py the Ray one, and the fas
 the manager with an in-memory one (tests/fake_backend.py).
 """
 import abc
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
@@ -25,6 +25,14 @@ class WorkerRef(NamedTuple):
     label: str  # "env worker 2 (pid 1234)", for the backend's messages
     last_command: Optional[EnvironmentCommand]  # the outstanding request, else the last one sent
     last_segment: Optional[str] = None  # the last shared-memory segment its replies named
+
+
+class Message(NamedTuple):
+    """A packed request for a worker incarnation."""
+
+    worker: WorkerRef
+    command: EnvironmentCommand
+    data: bytes
 
 
 class Reply(NamedTuple):
@@ -61,21 +69,13 @@ Event = Union[Reply, Death, Placed, WorkerTimers]
 
 
 class BackendSetup(NamedTuple):
-    """What a backend is built from."""
+    """What every backend is built from (a backend takes its own options besides: the process
+    backend's ``Host``)."""
 
     settings: EnvManagerSettings  # resolved
     n_env: int
     pickled_env_factory: bytes
     clock: Callable[[], float]
-    # Whether workers may put large arrays in shared memory: not when the steps travel on to
-    # a trainer on another machine (a Ray actor's process backend).
-    shared_memory: bool = True
-    # Where the workers run, as a Placement says it after the worker id and pid: node address,
-    # node id, hosting actor's pid (a Ray actor's process backend names its node and itself).
-    host: Tuple[str, Optional[str], Optional[int]] = ("localhost", None, None)
-    # Whether the process the backend runs in may be forked to make workers from (not a Ray
-    # worker, whose threads a fork would copy: NOTE [ A fork server forked from the trainer ]).
-    forkable: bool = True
 
 
 class Backend(abc.ABC):
@@ -84,17 +84,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def launch(self, spec: WorkerSpec) -> Optional[Placement]:
-        """Start worker ``spec.worker_id``'s incarnation ``spec.incarnation``; the backend fills
-        in its part of the spec (owner tag, shared memory). Returns where it runs if that is
-        known at once; else a ``Placed`` event says so later."""
+        """Start worker ``spec.worker_id``'s incarnation ``spec.incarnation``; what only this
+        backend's workers need (the process backend's owner tag, shared memory) it adds.
+        Returns where it runs if that is known at once; else a ``Placed`` event says so later."""
 
     @abc.abstractmethod
-    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
-        """Send a packed request (``command``) to the worker; never raise if it is gone."""
-
-    def send_now(self) -> None:  # noqa: B027 (a hook for backends whose deliver only queues)
-        """Send what was delivered without waiting for the next ``wait``: the trainer is about to
-        do its own work (NOTE [ Actions as steps land ] in manager.py)."""
+    def deliver(self, messages: Sequence[Message]) -> None:
+        """Send packed requests, in order, now: as few transport calls as the backend can make
+        of them (one per Ray actor). Never raise for a worker that is gone."""
 
     @abc.abstractmethod
     def wait(self, timeout: float) -> List[Event]:

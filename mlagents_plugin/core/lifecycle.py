@@ -16,17 +16,13 @@ keeps the state, the deadline and the outstanding request consistent:
 """
 import enum
 import os
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import Dict, NamedTuple, Optional
 
 from mlagents_envs.base_env import BehaviorName, BehaviorSpec
 
 from mlagents_plugin.core.names import worker_label
 from mlagents_plugin.core.placement import Placement
 from mlagents_plugin.core.protocol import EnvironmentCommand
-
-if TYPE_CHECKING:  # ML-Agents' trainers load torch: a Ray actor's slots do without them
-    from mlagents.trainers.action_info import ActionInfo
-    from mlagents.trainers.env_manager import EnvironmentStep
 
 CHECK_INVARIANTS = os.environ.get("MLAGENTS_PLUGIN_CHECK") == "1"
 
@@ -57,6 +53,21 @@ class InvariantError(AssertionError):
     """A slot's fields contradict its state: a bug in the manager."""
 
 
+class WorkerView(NamedTuple):
+    """A slot as it is now, read-only (``SupervisedManagerBase.workers``)."""
+
+    worker_id: int
+    incarnation: int
+    state: WorkerState
+    awaiting: Optional[EnvironmentCommand]  # the outstanding STEP or RESET
+    pid: Optional[int]
+    env_worker_id: int
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+
 class Slot:
     def __init__(self, worker_id: int):
         self.worker_id = worker_id
@@ -71,9 +82,7 @@ class Slot:
         self.restart_at = 0.0
         self.ever_started = False  # has any incarnation finished building its env?
         self.last_command: Optional[EnvironmentCommand] = None
-        self.previous_step: Optional["EnvironmentStep"] = None  # None: none yet (the manager's)
-        self.previous_all_action_info: Dict[BehaviorName, "ActionInfo"] = {}
-        self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}
+        self.behavior_specs: Dict[BehaviorName, BehaviorSpec] = {}  # every one it reported
 
     @property
     def live(self) -> bool:
@@ -91,6 +100,11 @@ class Slot:
     def label(self) -> str:
         return worker_label(self.worker_id, self.known_pid, self.placement)
 
+    def view(self) -> WorkerView:
+        return WorkerView(
+            self.worker_id, self.incarnation, self.state, self.awaiting, self.known_pid, self.env_worker_id
+        )
+
     # ------------------------------------------------------------------------- transitions
 
     def launch(self, now: float, startup_timeout_s: float) -> None:
@@ -101,8 +115,6 @@ class Slot:
         self.deadline = now + startup_timeout_s
         self.pid, self.placement = None, None
         self.awaiting, self.last_command = None, None
-        self.previous_step = None
-        self.previous_all_action_info = {}
 
     def placed(self, placement: Placement) -> None:
         """The backend says where the current incarnation runs."""
@@ -123,10 +135,13 @@ class Slot:
             self.state = WorkerState.BUSY
             self.deadline = now + step_timeout_s
 
-    def ready(self, pid: int, now: float, step_timeout_s: float) -> None:
-        """The worker built its env."""
+    def ready(
+        self, pid: int, specs: Dict[BehaviorName, BehaviorSpec], now: float, step_timeout_s: float
+    ) -> None:
+        """The worker built its env; ``specs``: the behaviours it knows of."""
         self._expect(WorkerState.STARTING)
         self.pid = pid
+        self.behavior_specs.update(specs)
         self.ever_started = True
         if self.awaiting is None:
             self.state, self.deadline = WorkerState.IDLE, None
@@ -135,15 +150,20 @@ class Slot:
             self.sent_at = now
             self.deadline = now + step_timeout_s
 
-    def answered(self) -> None:
+    def answered(self, specs: Dict[BehaviorName, BehaviorSpec]) -> None:
+        """Its STEP or RESET came back; ``specs``: behaviours new since it last reported."""
         self._expect(WorkerState.BUSY)
+        self.behavior_specs.update(specs)
         self.state, self.awaiting, self.deadline = WorkerState.IDLE, None, None
 
-    def restart(self, at: float) -> None:
-        """The incarnation was handed to the backend to go down; the next one starts at ``at``."""
+    def restart(self, at: float, env_worker_id: Optional[int] = None) -> None:
+        """The incarnation was handed to the backend to go down; the next one starts at ``at``,
+        as ``env_worker_id`` if given (its port was taken)."""
         self._expect(*LIVE)
         self._forget()
         self.state, self.restart_at = WorkerState.RESTARTING, at
+        if env_worker_id is not None:
+            self.env_worker_id = env_worker_id
 
     def fail(self) -> None:
         """The incarnation was handed to the backend to go down, for good."""

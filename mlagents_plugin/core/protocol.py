@@ -70,7 +70,8 @@ ParameterCall = Tuple[str, Tuple[Any, ...]]
 
 
 class WorkerSpec(NamedTuple):
-    """Everything a worker process is started with."""
+    """Everything the trainer starts a worker incarnation with, on any backend (the process
+    backend adds its own part: local/worker.py's ``ProcessOptions``)."""
 
     worker_id: int  # the trainer's index for this worker slot
     incarnation: int  # how many times this slot was started before
@@ -82,11 +83,6 @@ class WorkerSpec(NamedTuple):
     # env asks for training analytics, as upstream's worker 0 does
     analytics: Optional[bytes]
     log_level: int
-    owner_tag: str  # see NOTE [ No orphans ] in local/processes.py
-    hardened: bool  # the Linux hardening, or the portable path (NOTE [ Portable core, Linux hardening ])
-    # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
-    # another machine, so everything goes through the pipe
-    segment_prefix: Optional[str]
     listen: str  # env_manager.listen: where its gRPC server for a Unity build listens
 
 

@@ -16,14 +16,14 @@ import signal
 import socket
 import sys
 from multiprocessing.process import BaseProcess
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import attr
 import psutil
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import factories, platform, wire
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
+from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Message, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import ForkServerDiedError, WorkerDiedError
 from mlagents_plugin.core.lifecycle import Reason
 from mlagents_plugin.core.names import command_name, worker_label
@@ -39,7 +39,7 @@ from mlagents_plugin.core.protocol import (
 from mlagents_plugin.local import fork_server, hardening, processes
 from mlagents_plugin.local.readiness import WorkerConnection
 from mlagents_plugin.local.shutdown import Ladder
-from mlagents_plugin.local.worker import start_worker
+from mlagents_plugin.local.worker import ProcessOptions, start_worker
 
 logger = logging_util.get_logger(__name__)
 
@@ -59,18 +59,35 @@ class _Worker:
     psutil_process: Optional[psutil.Process] = None
 
 
+class Host(NamedTuple):
+    """The process the backend runs in: the trainer's (the default), or a Ray actor's."""
+
+    # Whether workers may put large arrays in shared memory: not when the steps travel on to
+    # a trainer on another machine (a Ray actor's process backend).
+    shared_memory: bool = True
+    # Where the workers run, as a Placement says it after the worker id and pid: node address,
+    # node id, hosting actor's pid (a Ray actor's process backend names its node and itself).
+    where: Tuple[str, Optional[str], Optional[int]] = ("localhost", None, None)
+    # Whether this process may be forked to make workers from (not a Ray worker, whose threads
+    # a fork would copy: NOTE [ A fork server forked from the trainer ]).
+    forkable: bool = True
+
+
+TRAINER = Host()  # workers of the trainer's own process
+
+
 class ProcessBackend(Backend):
-    def __init__(self, setup: BackendSetup):
+    def __init__(self, setup: BackendSetup, host: Host = TRAINER):
         settings = setup.settings
         self._context = multiprocessing.get_context(settings.start_method)
         if settings.start_method == "forkserver":  # NOTE [ Worker start-up ]
             modules = factories.modules_to_load(setup.pickled_env_factory)
-            fork_server.set_preload(modules, may_fork_this_process=setup.forkable)
+            fork_server.set_preload(modules, may_fork_this_process=host.forkable)
         token = secrets.token_hex(4)
         self._owner = f"{processes.owner_prefix(os.getpid())}{token}/"
-        self._segments = wire.manager_prefix(os.getpid(), token) if setup.shared_memory else None
+        self._segments = wire.manager_prefix(os.getpid(), token) if host.shared_memory else None
         self._timers: List[WorkerTimers] = []  # of workers that closed since the last wait
-        self._host = setup.host
+        self._host = host.where
         self._kill_grace_s = settings.kill_grace_s
         self._hardening = hardening.layer(platform.hardened())  # NOTE [ Portable core, Linux hardening ]
         self._readiness = self._hardening.readiness()
@@ -83,7 +100,7 @@ class ProcessBackend(Backend):
 
     def launch(self, spec: WorkerSpec) -> Placement:
         worker_id, incarnation = spec.worker_id, spec.incarnation
-        spec = spec._replace(
+        options = ProcessOptions(
             owner_tag=self._owner_tag(worker_id, incarnation),
             hardened=self._hardening.hardened,
             segment_prefix=self._segment_prefix(worker_id, incarnation),
@@ -91,12 +108,12 @@ class ProcessBackend(Backend):
         try:
             if self._context.get_start_method() == "forkserver":
                 fork_server.ensure_running()  # NOTE [ The fork server's sys.path ]
-            process, conn = start_worker(self._context, spec)
+            process, conn = start_worker(self._context, spec, options)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             if self._context.get_start_method() != "forkserver" or _fork_server_socket_exists():
                 raise
             self._context = _without_fork_server(e)
-            process, conn = start_worker(self._context, spec)
+            process, conn = start_worker(self._context, spec, options)
         # read after the start: the server that forked it (NOTE [ A fork server dies ])
         server = fork_server.current() if self._context.get_start_method() == "forkserver" else None
         assert process.pid is not None  # started
@@ -112,7 +129,7 @@ class ProcessBackend(Backend):
 
     def waker(self) -> Callable[[], None]:
         """A function that, from another thread, cuts the current (or next) ``wait`` short.
-        Call it once, before that thread exists (ray/actor.py's housekeeper)."""
+        Call it once, before that thread exists (ray/actor.py's calls, waking its loop)."""
         ours, theirs = socket.socketpair()
         ours.setblocking(False)
         theirs.setblocking(False)
@@ -140,11 +157,12 @@ class ProcessBackend(Backend):
         worker = self._workers.get(ref.worker_id)
         return worker if worker is not None and worker.incarnation == ref.incarnation else None
 
-    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
-        current = self._current(worker)
-        if current is not None:
-            current.last_command = command
-            _send(current, data)
+    def deliver(self, messages: Sequence[Message]) -> None:
+        for worker, command, data in messages:
+            current = self._current(worker)
+            if current is not None:
+                current.last_command = command
+                _send(current, data)
 
     def release(self, worker: WorkerRef, reason: Reason) -> None:
         """Hand the worker's process to the shutdown ladder (CLOSE first, if it may still read

@@ -13,7 +13,7 @@ import time
 import types
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import cloudpickle
 from mlagents_envs import logging_util
@@ -87,17 +87,27 @@ def _kill_descendants() -> None:
     processes.kill_processes(processes.descendants(os.getpid()), processes.LEFTOVER_GRACE_S)
 
 
-def worker_main(conn: WorkerConnection, spec: WorkerSpec) -> None:
+class ProcessOptions(NamedTuple):
+    """What a worker process gets from the process backend, besides the trainer's WorkerSpec."""
+
+    owner_tag: str  # see NOTE [ No orphans ] in local/processes.py
+    hardened: bool  # the Linux hardening, or the portable path (NOTE [ Portable core, Linux hardening ])
+    # of its shared memory segments (NOTE [ Step wire format ]); None: the trainer may be on
+    # another machine, so everything goes through the pipe
+    segment_prefix: Optional[str]
+
+
+def worker_main(conn: WorkerConnection, spec: WorkerSpec, options: ProcessOptions) -> None:
     """Process entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Worker signals ]
     if sys.platform != "win32":
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signals.unblock_interrupts()  # blocked since it started: NOTE [ Trainer signals ]
-    processes.tag_this_process(spec.owner_tag)
+    processes.tag_this_process(options.owner_tag)
     logging_util.set_log_level(spec.log_level)
     code = 1  # what multiprocessing's bootstrap makes of the way the worker ends
     try:
-        _Worker(conn, spec).run()
+        _Worker(conn, spec, options).run()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -129,13 +139,15 @@ def worker_preload() -> List[str]:
     return [__name__, *linux] if platform.hardened() else [__name__]
 
 
-def start_worker(context: BaseContext, spec: WorkerSpec) -> Tuple[BaseProcess, WorkerConnection]:
+def start_worker(
+    context: BaseContext, spec: WorkerSpec, options: ProcessOptions
+) -> Tuple[BaseProcess, WorkerConnection]:
     """Start a worker process; return it and the trainer's end of its duplex pipe."""
     parent_conn, child_conn = context.Pipe(duplex=True)
     # typeshed's BaseContext has no Process; every concrete context (spawn, fork, forkserver) has one
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
-        args=(child_conn, spec),
+        args=(child_conn, spec, options),
         name=f"mlagents-plugin-env-worker-{spec.worker_id}",
     )
     try:
@@ -198,7 +210,7 @@ def _short_repr(value: Any) -> str:
 
 
 class _Worker:
-    def __init__(self, conn: WorkerConnection, spec: WorkerSpec):
+    def __init__(self, conn: WorkerConnection, spec: WorkerSpec, options: ProcessOptions):
         self.conn = conn
         self.spec = spec
         self.env: Optional[BaseEnv] = None
@@ -208,10 +220,10 @@ class _Worker:
         self.engine_channel = EngineConfigurationChannel()
         self.engine_channel.set_configuration(spec.engine_config)
         self.analytics: Optional[_AnalyticsChannel] = None
-        self.players = hardening.layer(spec.hardened).player_watch()
+        self.players = hardening.layer(options.hardened).player_watch()
         self.players.hook_launches()
         rpc_server.install(spec.listen)  # NOTE [ One run per port ], NOTE [ Loopback only ]
-        self.encoder = wire.Encoder(spec.segment_prefix)
+        self.encoder = wire.Encoder(options.segment_prefix)
         self.sent_spec_count = 0
         self.last_timer_report = time.monotonic()
         self.sending = False

@@ -1,6 +1,6 @@
 """The Ray actor that hosts ``envs_per_worker`` env workers: a node-local process backend.
 
-The actor does not run envs itself. It runs the subprocess backend (local/supervisor.py) on its
+The actor does not run envs itself. It runs the subprocess backend (local/backend.py) on its
 own node, over the envs the trainer gives it, and answers the trainer's calls with what those
 workers said. See NOTE [ Ray actors host worker processes ] and, for how the trainer batches its
 calls, NOTE [ Hosts ] in backend.py.
@@ -8,38 +8,44 @@ calls, NOTE [ Hosts ] in backend.py.
 This module does not import Ray at module level: backend.py turns ``EnvHostActor`` into an
 actor class.
 """
-import contextlib
 import os
+import queue
 import threading
 import time
-from typing import Any, Dict, FrozenSet, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from concurrent.futures import Future
+from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import attr
 from mlagents_envs import logging_util
 
 from mlagents_plugin.core import platform
-from mlagents_plugin.core.backend import BackendSetup, Death, Event, Reply, WorkerRef, WorkerTimers
+from mlagents_plugin.core.backend import BackendSetup, Death, Event, Message, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason
 from mlagents_plugin.core.names import worker_label
-from mlagents_plugin.core.protocol import LAST_WORDS, EnvironmentCommand, EnvironmentResponse, WorkerSpec
+from mlagents_plugin.core.protocol import LAST_WORDS, EnvironmentCommand, WorkerSpec
 from mlagents_plugin.core.settings import EnvManagerSettings
-from mlagents_plugin.local.backend import ProcessBackend
+from mlagents_plugin.local.backend import Host, ProcessBackend
 
 logger = logging_util.get_logger(__name__)
 
 
-# NOTE [ The actor's housekeeper ]
-# The trainer calls an actor only when it has something to send or is owed something, but a
-# departing worker must go down on time regardless (NOTE [ Shutdown ladder ]: CLOSE, then SIGTERM,
-# then SIGKILL), and be reaped when it exits so its player and shared memory go. So a thread of
-# the actor's own takes the ladder's steps between calls. It never polls: it sleeps in the
-# process backend's wait, on the departing processes' sentinels and the live workers' pipes,
-# until the ladder's next deadline; with nothing departing it sleeps on a condition until a call
-# ends (a call is what adds a departure). The backend has one user at a time: a call that
-# arrives while the housekeeper waits cuts that wait short through the backend's waker (a
-# socket pair in the same wait; CPython's process pool wakes its manager thread the same way,
-# with a pipe), takes the turn, and hands it back with a notify when it returns.
+# NOTE [ The actor's loop ]
+# One thread of the actor's own, its loop, is the only user of its process backend, as CPython's
+# process pool (concurrent/futures/process.py) has one management thread. A call from the
+# trainer (``exchange``, ``apply``, ``close``), which Ray runs on a thread of its own, does not
+# touch the backend: it posts its work to the loop through a queue, wakes the loop through the
+# backend's waker (a socket pair in the same wait as the workers' pipes; the process pool wakes its
+# management thread with a pipe the same way), and waits for the answer (a Future). Between calls
+# the loop sleeps in the backend's wait, on the live workers' pipes and the departing processes'
+# sentinels, until the shutdown ladder's next deadline or until a call wakes it: a departing
+# worker goes down on time (NOTE [ Shutdown ladder ]: CLOSE, then SIGTERM, then SIGKILL) and is
+# reaped when it exits, so its player and shared memory go, whether or not the trainer calls; what
+# the live workers say meanwhile is kept for the next report. Nothing in the actor polls (with
+# nothing departing, the loop's wait is bounded by IDLE_S only because a wait needs a bound).
+IDLE_S = 3600.0
+
+
 # NOTE [ Ray actors host worker processes ]
 # A Ray actor could run an env in its own process, as RLlib's env runners do. It would then lose
 # what the subprocess backend guarantees: a Unity build is started in its own session, and when
@@ -73,24 +79,23 @@ class Release(NamedTuple):
 Item = Union[Launch, Deliver, Release]
 
 
-class EnvEvent(NamedTuple):
-    """What one env worker said (``response``) or how it ended (``error``)."""
-
-    worker_id: int
-    incarnation: int
-    response: Optional[EnvironmentResponse]
-    error: Optional[WorkerDiedError]
-
-
 class HostReport(NamedTuple):
-    """The answer to every call: what happened since the last one."""
+    """The answer to every exchange and to the close: what happened since the last one."""
 
-    events: List[EnvEvent]
+    events: List[Union[Reply, Death]]  # what the envs said, or how they ended
     where: Tuple[str, str, int]  # node id, node address, actor pid
     pids: Dict[Tuple[int, int], int]  # (worker id, incarnation) -> pid, for launches since
     departing: FrozenSet[int]  # worker ids whose processes are still on their way out
     outcomes: Dict[int, str]  # how each worker's last process ended, once it did
     timers: List[Any]  # timer trees of workers that closed since
+
+
+class _Posted(NamedTuple):
+    """A call's work for the loop, and where its answer goes."""
+
+    work: Callable[[], Any]
+    answer: "Future[Any]"
+    last: bool  # the close: the loop ends after it
 
 
 class EnvHostActor:
@@ -103,54 +108,79 @@ class EnvHostActor:
         settings = attr.evolve(settings, start_method=platform.default_start_method())
         self._where = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
         node_id, address, actor_pid = self._where
-        self._backend = ProcessBackend(
-            BackendSetup(
-                settings,
-                n_env,
-                pickled_env_factory,
-                time.monotonic,
-                shared_memory=False,
-                host=(address, node_id, actor_pid),  # in its workers' labels
-                forkable=False,
-            )
-        )
+        setup = BackendSetup(settings, n_env, pickled_env_factory, time.monotonic)
+        self._clock = setup.clock  # the backend's ladder and the exchanges' waits read this one
+        where = (address, node_id, actor_pid)  # in its workers' labels
+        self._backend = ProcessBackend(setup, Host(shared_memory=False, where=where, forkable=False))
         self._envs: Dict[int, WorkerRef] = {}  # the live incarnations, as the actor tells its backend
         self._ready: Set[int] = set()  # worker ids whose current incarnation has said READY
         self._known: Set[int] = set()  # every worker id launched here
         self._pids: Dict[Tuple[int, int], int] = {}
-        self._events: List[EnvEvent] = []
-        # NOTE [ The actor's housekeeper ]: between calls, departing workers still go down on time.
+        self._events: List[Union[Reply, Death]] = []
+        # NOTE [ The actor's loop ]: the one thread that uses the backend; calls post to it.
+        self._posted: "queue.SimpleQueue[_Posted]" = queue.SimpleQueue()
         self._wake = self._backend.waker()
-        self._turn = threading.Condition()  # who uses the backend: a call, or the housekeeper
-        self._calls_waiting = 0  # calls that want the turn (written by the actor's one call thread)
-        self._closed = False
-        self._housekeeper = threading.Thread(target=self._keep_house, name="ladder", daemon=True)
-        self._housekeeper.start()
+        self._loop = threading.Thread(target=self._run, name="env-host-loop", daemon=True)
+        self._loop.start()
 
     def exchange(self, items: List[Item], wait_s: float) -> HostReport:
         """Carry out ``items`` in order, then wait up to ``wait_s`` for the replies they ask
         from envs that are ready (envs still starting answer in a later call); without items
         (a poll), for anything to report."""
-        with self._call():
-            return self._exchange(items, wait_s)
+        return self._post(lambda: self._exchange(items, wait_s))
 
     def apply(self, items: List[Item]) -> None:
         """Carry out ``items`` in order; what the workers answer goes in the next report."""
-        with self._call():
-            self._apply(items)
+        self._post(lambda: self._apply(items))
 
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """The backend's turn for a call: the housekeeper's wait is cut short, and it waits
-        until the call is over."""
-        self._calls_waiting += 1
+    def close(self, interrupted: bool) -> HostReport:
+        """Take every worker down (NOTE [ Shutdown ladder ]), bounded; report how they went."""
+        report: HostReport = self._post(lambda: self._close(interrupted), last=True)
+        self._loop.join()
+        return report
+
+    def _post(self, work: Callable[[], Any], last: bool = False) -> Any:
+        """Have the loop run ``work`` (NOTE [ The actor's loop ]); its value, or what it raised."""
+        if not self._loop.is_alive():
+            raise RuntimeError(f"{self!r} is closed")
+        answer: "Future[Any]" = Future()
+        self._posted.put(_Posted(work, answer, last))
         self._wake()
-        with self._turn:
-            self._calls_waiting -= 1
+        return answer.result()
+
+    def _run(self) -> None:
+        """The loop: each posted call's work, in order; between calls, the workers and the
+        ladder. Ends after the close."""
+        trouble: Optional[Exception] = None  # what the loop raised between calls: the next call's answer
+        while True:
             try:
-                yield
-            finally:
-                self._turn.notify()
+                posted = self._posted.get(block=trouble is not None)
+            except queue.Empty:
+                try:
+                    self._wait_once(None)
+                except Exception as e:  # a bug: the trainer hears of it in its next call
+                    trouble = e
+                continue
+            if trouble is not None:
+                posted.answer.set_exception(trouble)
+                trouble = None
+            else:
+                try:
+                    posted.answer.set_result(posted.work())
+                except Exception as e:  # the call raises it, in Ray's RayTaskError
+                    posted.answer.set_exception(e)
+            if posted.last:
+                return
+
+    def _wait_once(self, until: Optional[float]) -> Set[int]:
+        """Wait on the workers until ``until`` (None: until a call wakes the loop) or the ladder's
+        next deadline, whichever is first, then take the ladder's steps; return who answered a
+        request. What the workers said is kept for the next report."""
+        ends = [t for t in (until, self._backend.next_deadline()) if t is not None]
+        timeout = min(ends) - self._clock() if ends else IDLE_S
+        answered = self._receive(self._backend.wait(max(0.0, timeout)))
+        self._backend.advance()
+        return answered
 
     def _apply(self, items: List[Item]) -> Set[int]:
         """Carry out ``items``; return the envs asked for a reply that are ready to give it."""
@@ -175,7 +205,7 @@ class EnvHostActor:
                     spec.worker_id,
                     None,
                 )
-                self._events.append(EnvEvent(spec.worker_id, spec.incarnation, None, error))
+                self._events.append(Death(spec.worker_id, spec.incarnation, error))
         return awaited
 
     def _exchange(self, items: List[Item], wait_s: float) -> HostReport:
@@ -183,42 +213,13 @@ class EnvHostActor:
         if items and not awaited:
             wait_s = 0.0  # nothing to wait for (messages without replies, envs still starting)
         departing = self._departing()
-        deadline = time.monotonic() + wait_s
+        deadline = self._clock() + wait_s
         answered: Set[int] = set()
-        while True:
-            if awaited <= answered and (awaited or self._events or self._departing() != departing):
-                break
-            timeout = deadline - time.monotonic()
-            next_deadline = self._backend.next_deadline()
-            if next_deadline is not None:
-                timeout = min(timeout, next_deadline - time.monotonic())
-            answered |= self._receive(self._backend.wait(max(0.0, timeout)))
-            self._backend.advance()
-            if time.monotonic() >= deadline:
+        while not (awaited <= answered and (awaited or self._events or self._departing() != departing)):
+            answered |= self._wait_once(deadline)
+            if self._clock() >= deadline:
                 break
         return self._report()
-
-    def close(self, interrupted: bool) -> HostReport:
-        """Take every worker down (NOTE [ Shutdown ladder ]), bounded; report how they went."""
-        with self._call():
-            self._closed = True
-        self._housekeeper.join()
-        with self._turn:
-            return self._close(interrupted)
-
-    def _keep_house(self) -> None:
-        """While no call runs and workers are departing: wait on their processes and the live
-        workers' pipes until the ladder's next deadline, then take its next step; what the
-        live workers say meanwhile is kept for the next report. With nothing departing, it
-        sleeps until a call ends."""
-        with self._turn:
-            while not self._closed:
-                deadline = self._backend.next_deadline()
-                if self._calls_waiting or deadline is None:
-                    self._turn.wait()
-                    continue
-                self._receive(self._backend.wait(max(0.0, deadline - time.monotonic())))
-                self._backend.advance()
 
     def _close(self, interrupted: bool) -> HostReport:
         for ref in self._envs.values():
@@ -248,7 +249,7 @@ class EnvHostActor:
         if ref is None:
             return False
         self._envs[item.worker_id] = ref = ref._replace(last_command=item.command)
-        self._backend.deliver(ref, item.command, item.data)
+        self._backend.deliver([Message(ref, item.command, item.data)])
         return item.command in WITH_REPLY
 
     def _release(self, item: Release) -> None:
@@ -277,12 +278,12 @@ class EnvHostActor:
                     self._ready.add(ref.worker_id)
                 else:
                     answered.add(ref.worker_id)
-                self._events.append(EnvEvent(ref.worker_id, ref.incarnation, response, None))
+                self._events.append(event)
                 if response.cmd in LAST_WORDS:
                     self._let_go(ref)
             elif isinstance(event, Death):
                 answered.add(ref.worker_id)
-                self._events.append(EnvEvent(ref.worker_id, ref.incarnation, None, event.error))
+                self._events.append(event)
                 self._let_go(ref)
         return answered
 

@@ -4,18 +4,29 @@ Every decision is the manager's (core/manager.py), as for the subprocess backend
 (manager.py) runs it over this backend. ``RayBackend`` is the transport: an actor hosts
 ``envs_per_worker`` worker processes (actor.py, NOTE [ Ray actors host worker processes ]);
 the trainer's messages to one actor go in one call, whose result is what its workers said
-(NOTE [ Hosts ]); the trainer blocks in ``ray.wait`` on every call in flight; a lost actor or
+(NOTE [ Hosts ]); the trainer blocks in ``ray.wait`` on every call out; a lost actor or
 node is the death of its workers; a hung worker is killed by its actor's shutdown ladder.
 docs/ray.md says how to run it on a cluster and what fails how.
 """
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
+from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set
 
+import attr
 from mlagents_envs import logging_util
 
-from mlagents_plugin.core.backend import Backend, BackendSetup, Death, Event, Placed, Reply, WorkerRef, WorkerTimers
+from mlagents_plugin.core.backend import (
+    Backend,
+    BackendSetup,
+    Death,
+    Event,
+    Message,
+    Placed,
+    Reply,
+    WorkerRef,
+    WorkerTimers,
+)
 from mlagents_plugin.core.errors import WorkerDiedError
 from mlagents_plugin.core.lifecycle import WITH_REPLY, Reason
 from mlagents_plugin.core.names import command_name, worker_label, zombie_report
@@ -44,24 +55,30 @@ CLOSE_SLACK_S = 5.0
 # Each Ray actor hosts ``envs_per_worker`` (k) envs: worker ids h*k .. h*k+k-1 live on host h.
 # Every env is still a slot of its own to the manager (its own worker id, incarnation, state,
 # deadlines, restarts and health stats), so agent ids, trajectories and stats are as with k = 1.
-# What k changes is the transport: the trainer's messages to one host's envs between two waits
-# travel in one actor call (``exchange``; sent at the wait, or before it by ``send_now`` when the
-# manager has sent the actions of the steps it returns, NOTE [ Actions as steps land ] in
-# core/manager.py), and the call answers for all of them at once, so the
-# trainer's cost of a Ray round trip (about 1-2 ms of CPU) is paid per call, not per env. A host
-# has at most one exchange in flight: Ray runs an actor's calls one at a time anyway, and one at a
-# time keeps each env's replies in order. (A release is sent at once, in a call that returns
-# nothing, so that a hung env goes down even while the trainer is busy elsewhere; Ray runs it
-# after the calls sent before it, and the env counts as departing until an exchange sent after it
-# reports on it.) An exchange returns once the envs it asked (that are ready) answered (at once if
-# it asked none), or after CALL_WAIT_S, with whatever the host's envs said meanwhile; an env still
-# starting, or slow, answers in a later call. Hosts are independent: each host's call returns on
-# its own, and its envs get their next actions as soon as the trainer has them (no env waits for
-# another host's slowest env). While a host has nothing to send but still owes replies (a starting
-# or hung env) or has envs on their way out, the trainer polls it every POLL_WAIT_S. A hung env is
-# killed by its actor's shutdown ladder and its neighbours go on; a dead actor (ray.kill, a lost
-# node) is a death of all its envs, and the first of them to restart starts a new actor for the
-# host.
+# What k changes is the transport: the trainer's messages to one host's envs travel in one actor
+# call (``exchange``). What one ``deliver`` gives a host goes at once if no call of the host is in
+# flight, else in the next call, sent at the first wait after the one in flight returned (the
+# manager delivers what it has before each wait, and the actions of the steps it returns before it
+# returns them: NOTE [ Actions as steps land ] in core/stepper.py). The call answers for all of
+# them at once, so the trainer's cost of a Ray round trip (about 1-2 ms of CPU) is paid per call,
+# not per env. A host has at most one exchange in flight: Ray runs an actor's calls one at a time
+# anyway, and one at a time keeps each env's replies in order. (A release is sent at once, in a
+# call that returns nothing, so that a hung env goes down even while the trainer is busy elsewhere;
+# Ray runs it after the calls sent before it, and the env counts as departing until an exchange
+# sent after it reports on it.) An exchange returns once the envs it asked (that are ready)
+# answered (at once if it asked none), or after CALL_WAIT_S, with whatever the host's envs said
+# meanwhile; an env still starting, or slow, answers in a later call. Hosts are independent: each
+# host's call returns on its own, and its envs get their next actions as soon as the trainer has
+# them (no env waits for another host's slowest env).
+# Polling remains here, and only here: an actor answers only calls, so while a host has nothing to
+# send but still owes replies (a starting or hung env) or has envs on their way out, the trainer
+# sends it an empty exchange that waits up to POLL_WAIT_S in the actor (a long poll: it returns as
+# soon as the actor has something to report). It is short because what the trainer has for that
+# host meanwhile waits for it to return.
+# A hung env is killed by its actor's shutdown ladder and its neighbours go on; a dead actor
+# (ray.kill, a lost node) is a death of all its envs, and the first of them to restart starts a new
+# actor for the host. A ``_Host`` is a record that RayBackend alone writes; every answer is read in
+# one place (``RayBackend._answer``), where a failed call (a ``RayError``) becomes its envs' deaths.
 CALL_WAIT_S = 1.0
 POLL_WAIT_S = 0.1
 ANSWERS = (EnvironmentCommand.READY, *WITH_REPLY)  # each pays off one reply an env owes
@@ -75,164 +92,37 @@ class _Env(NamedTuple):
     owed: int = 1  # replies it owes: READY at first, then one per STEP or RESET
 
 
+@attr.s(auto_attribs=True, slots=True)
 class _Host:
-    """One actor and the envs it hosts, as the trainer sees them (NOTE [ Hosts ]). Its fields
-    change only through its own methods; RayBackend decides when to call them."""
+    """One actor and the envs it hosts, as the trainer sees them (NOTE [ Hosts ]): a record that
+    RayBackend alone writes. A host whose actor is let go of starts again as a new record."""
 
-    def __init__(self, index: int):
-        self.index = index
-        self.actor: Any = None
-        self.answered = False  # has the actor answered any call (it is placed)?
-        self.envs: Dict[int, _Env] = {}  # by worker id: the live incarnations on this actor
-        self.departing: Set[int] = set()  # worker ids whose processes are on their way out
-        self.call: Any = None  # the exchange in flight
-        self.sent_at = 0.0  # when it was sent
-        self._exchanges = 0  # exchanges sent so far; the one in flight is number _exchanges - 1
-        self._outbox: List[Item] = []
-        self._unreported: Dict[int, int] = {}  # worker id -> first exchange that reports its release
-        self._deaths: List[Event] = []  # to report at the next wait (an actor killed here)
-        self._applying: List[Any] = []  # calls that return nothing, read so Ray does not report
-        # their errors as unhandled (a dead actor is reported by the exchange calls)
+    actor: Any = None
+    answered: bool = False  # has the actor answered any call (it is placed)?
+    envs: Dict[int, _Env] = attr.Factory(dict)  # by worker id: the live incarnations on this actor
+    departing: Set[int] = attr.Factory(set)  # worker ids whose processes are on their way out
+    outbox: List[Item] = attr.Factory(list)  # for the next exchange
+    call: Any = None  # the exchange in flight
+    exchanges: int = 0  # exchanges sent so far; the one in flight is number exchanges - 1
+    unreported: Dict[int, int] = attr.Factory(dict)  # worker id -> first exchange that reports its release
 
     def current(self, worker_id: int, incarnation: int) -> Optional[_Env]:
         env = self.envs.get(worker_id)
         return env if env is not None and env.ref.incarnation == incarnation else None
 
-    # ----------------------------------------------------------------- what the trainer asks
 
-    def launch(self, spec: WorkerSpec, new_actor: Callable[[], Any]) -> None:
-        if self.actor is None:
-            self.actor, self.answered = new_actor(), False
-        label = worker_label(spec.worker_id, None)
-        self.envs[spec.worker_id] = _Env(WorkerRef(spec.worker_id, spec.incarnation, label, None))
-        self._outbox.append(Launch(spec))
+class _Call(NamedTuple):
+    """A call whose answer is not read yet."""
 
-    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
-        env = self.current(worker.worker_id, worker.incarnation)
-        if env is not None:
-            self.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
-            self._outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
+    host: int  # the index of the host it went to
+    actor: Any  # the actor it went to: an answer of one the host no longer has is dropped
+    sent_at: float
+    exchange: Optional[int]  # an exchange's number; None: an ``apply`` or the ``close``
 
-    def forget(self, worker_id: int) -> None:
-        """The env is released where its actor cannot take it down (the actor is killed next)."""
-        del self.envs[worker_id]
 
-    def release(self, worker: WorkerRef, reason: Reason) -> None:
-        """Sent now, not at the next wait: a hung worker and its player go down even if the
-        trainer does not call again for a while. Ray runs it after the calls sent before it."""
-        del self.envs[worker.worker_id]
-        release = Release(worker.worker_id, worker.incarnation, reason, worker.last_command)
-        items, self._outbox = self._outbox + [release], []
-        self._applying.append(self.actor.apply.remote(items))
-        self.departing.add(worker.worker_id)
-        self._unreported[worker.worker_id] = self._exchanges
-
-    def call_if_due(self, now: float) -> None:
-        """One exchange in flight at a time: what it has to send (waiting up to CALL_WAIT_S for
-        the replies), or a poll while it owes replies or has envs on their way out."""
-        if self.actor is None or self.call is not None:
-            return
-        if self._outbox:
-            self._send(self._outbox, CALL_WAIT_S, now)
-            self._outbox = []
-        elif self.departing or any(env.owed for env in self.envs.values()):
-            self._send([], POLL_WAIT_S, now)
-
-    def _send(self, items: List[Item], wait_s: float, now: float) -> None:
-        self.call = self.actor.exchange.remote(items, wait_s)
-        self.sent_at = now
-        self._exchanges += 1
-
-    def close_call(self, interrupted: bool) -> Any:
-        """Ask the actor to close (after what it still has to apply); returns the call."""
-        self._drop_calls()
-        if self._outbox:
-            self._applying.append(self.actor.apply.remote(self._outbox))
-            self._outbox = []
-        return self.actor.close.remote(interrupted)
-
-    # --------------------------------------------------------------------- what it answers
-
-    def take_call(self) -> Any:
-        """The exchange in flight, which has answered (or failed)."""
-        call, self.call = self.call, None
-        return call
-
-    def received(self, report: HostReport, exchange: Optional[int]) -> List[Event]:
-        """What an answer says: where envs run, their replies and deaths, which are still
-        departing; ``exchange``: the number of the exchange that reported (None: the close)."""
-        self.answered = True
-        events: List[Event] = []
-        node_id, address, actor_pid = report.where
-        for (worker_id, incarnation), pid in report.pids.items():
-            env = self.current(worker_id, incarnation)
-            if env is not None:
-                placement = Placement(worker_id, pid, address, node_id, actor_pid)
-                ref = env.ref._replace(label=worker_label(worker_id, pid, placement))
-                self.envs[worker_id] = env._replace(ref=ref, pid=pid)
-                events.append(Placed(worker_id, incarnation, placement))
-        self._unreported = {
-            w: first for w, first in self._unreported.items() if exchange is not None and exchange < first
-        }
-        self.departing = set(report.departing) | set(self._unreported)
-        for event in report.events:
-            env = self.current(event.worker_id, event.incarnation)
-            if env is None:
-                continue  # from an incarnation released meanwhile
-            owed = env.owed - 1 if event.response is not None and event.response.cmd in ANSWERS else 0
-            self.envs[event.worker_id] = env._replace(owed=max(0, owed))  # else it is ending
-            if event.response is not None:
-                events.append(Reply(event.worker_id, event.incarnation, event.response))
-            else:
-                assert event.error is not None
-                events.append(Death(event.worker_id, event.incarnation, event.error))
-        return events
-
-    @property
-    def last_exchange(self) -> int:
-        return self._exchanges - 1
-
-    def lose(self, message: Callable[[_Env], str]) -> List[int]:
-        """Let go of the actor (killed, which does nothing to one that is dead already): each
-        live env dies with ``message`` (reported at the next wait). Returns every worker id it
-        had, live or departing."""
-        if self.actor is not None:
-            ray.kill(self.actor, no_restart=True)
-        self._deaths += [
-            Death(w, env.ref.incarnation, WorkerDiedError(message(env), w, env.pid)) for w, env in self.envs.items()
-        ]
-        had = [*self.envs, *self.departing]
-        self._drop_calls()
-        self.actor, self.envs, self._outbox, self.departing, self._unreported = None, {}, [], set(), {}
-        return had
-
-    def closed(self) -> None:
-        """The actor closed: its workers are reaped; free its resources."""
-        self.read_applied(timeout=1.0)  # Ray ran them before the close
-        ray.kill(self.actor, no_restart=True)
-        self.actor = None
-
-    def take_deaths(self) -> List[Event]:
-        deaths, self._deaths = self._deaths, []
-        return deaths
-
-    def read_applied(self, timeout: float = 0.0) -> None:
-        if not self._applying:
-            return
-        done, self._applying = ray.wait(self._applying, num_returns=len(self._applying), timeout=timeout)
-        for ref in done:
-            try:
-                ray.get(ref)
-            except RayActorError:
-                pass  # the actor's death is reported by its exchange
-            except RayError as e:
-                logger.warning(f"A call to the Ray actor of env workers {sorted(self.envs)} failed: {_first_line(e)}")
-
-    def _drop_calls(self) -> None:
-        """Forget the actor's calls; what they fail with is read later (see ``read_applied``)."""
-        if self.call is not None:
-            self._applying.append(self.call)
-        self.call = None
+class HostView(NamedTuple):
+    envs: FrozenSet[int]  # worker ids of its live envs
+    calling: bool  # whether an exchange of it is in flight
 
 
 class RayBackend(Backend):
@@ -245,9 +135,10 @@ class RayBackend(Backend):
         self._pickled_env_factory = setup.pickled_env_factory
         self._k = settings.envs_per_worker
         self._clock = setup.clock
-        self._hosts = [_Host(h) for h in range(math.ceil(setup.n_env / self._k))]
+        self._hosts = [_Host() for _ in range(math.ceil(setup.n_env / self._k))]
+        self._calls: Dict[Any, _Call] = {}  # by Ray's reference: every call whose answer is not read yet
+        self._events: List[Event] = []  # for the next wait
         self._outcomes: Dict[int, str] = {}
-        self._timers: List[WorkerTimers] = []  # of workers that closed, reported by their actors
         # An actor that answered before but not this call within this long is wedged (its node
         # frozen, a worker stopped halfway through a reply it is reading): it is killed.
         self._call_bound_s = CALL_WAIT_S + settings.shutdown_timeout_s + settings.kill_grace_s + CLOSE_SLACK_S
@@ -268,68 +159,118 @@ class RayBackend(Backend):
             max_task_retries=0,
         )
 
-    def _host(self, worker_id: int) -> _Host:
-        return self._hosts[worker_id // self._k]
+    @property
+    def hosts(self) -> List[HostView]:  # read-only, for tests and tools
+        return [HostView(frozenset(host.envs), host.call is not None) for host in self._hosts]
 
     def launch(self, spec: WorkerSpec) -> None:  # placed when its actor reports
-        self._host(spec.worker_id).launch(
-            spec, lambda: self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
-        )
+        host = self._hosts[spec.worker_id // self._k]
+        if host.actor is None:
+            host.actor = self._actor_class.remote(self._settings, self._pickled_env_factory, self._k)
+        label = worker_label(spec.worker_id, None)
+        host.envs[spec.worker_id] = _Env(WorkerRef(spec.worker_id, spec.incarnation, label, None))
+        host.outbox.append(Launch(spec))
 
-    def deliver(self, worker: WorkerRef, command: EnvironmentCommand, data: bytes) -> None:
-        self._host(worker.worker_id).deliver(worker, command, data)
+    def deliver(self, messages: Sequence[Message]) -> None:
+        """Into each host's outbox; each host with no call in flight sends it now (NOTE [ Hosts ])."""
+        given = set()
+        for worker, command, data in messages:
+            index = worker.worker_id // self._k
+            host = self._hosts[index]
+            env = host.current(worker.worker_id, worker.incarnation)
+            if env is not None:
+                host.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
+                host.outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
+                given.add(index)
+        for index in sorted(given):
+            self._call_if_due(index)
 
     def release(self, worker: WorkerRef, reason: Reason) -> None:
-        """The worker goes down through its actor's shutdown ladder. An actor that never
-        answered (not placed, or still starting) could not run it: it is killed, and the
-        envs it hosts with it."""
-        host = self._host(worker.worker_id)
+        """The worker goes down through its actor's shutdown ladder, in a call sent now
+        (NOTE [ Hosts ]). An actor that never answered (not placed, or still starting) could not
+        run it: it is killed, and the envs it hosts with it."""
+        index = worker.worker_id // self._k
+        host = self._hosts[index]
         if host.current(worker.worker_id, worker.incarnation) is None:
             return
+        del host.envs[worker.worker_id]
         if not host.answered:
             logger.info(f"{worker.label}: its Ray actor has not started; killing it.")
-            host.forget(worker.worker_id)
             self._outcomes[worker.worker_id] = "was killed with its Ray actor"
-            self._kill_host(host, f"its Ray actor was killed before it started, with {worker.label}")
+            self._kill_host(index, f"its Ray actor was killed before it started, with {worker.label}")
             return
         if reason is Reason.HUNG:  # the actor's ladder reports it too, in the actor's log
             why = f"did not answer {command_name(worker.last_command)}"
             logger.warning(zombie_report(worker.label, why, worker.last_command, "its Ray actor is killing it"))
-        host.release(worker, reason)
+        release = Release(worker.worker_id, worker.incarnation, reason, worker.last_command)
+        items, host.outbox = [*host.outbox, release], []
+        self._sent(index, host.actor.apply.remote(items))  # Ray runs it after the calls sent before it
+        host.departing.add(worker.worker_id)
+        host.unreported[worker.worker_id] = host.exchanges
 
     def departing(self, worker_id: int) -> bool:
-        return worker_id in self._host(worker_id).departing
+        return worker_id in self._hosts[worker_id // self._k].departing
 
-    def _kill_host(self, host: _Host, why: str) -> None:
+    def _call_if_due(self, index: int) -> None:
+        """One exchange in flight at a time: what the host has to send (waiting up to CALL_WAIT_S
+        for the replies), or a poll while it owes replies or has envs departing (NOTE [ Hosts ])."""
+        host = self._hosts[index]
+        if host.actor is None or host.call is not None:
+            return
+        if host.outbox:
+            items, wait_s, host.outbox = host.outbox, CALL_WAIT_S, []
+        elif host.departing or any(env.owed for env in host.envs.values()):
+            items, wait_s = [], POLL_WAIT_S
+        else:
+            return
+        host.call = self._sent(index, host.actor.exchange.remote(items, wait_s), host.exchanges)
+        host.exchanges += 1
+
+    def _sent(self, index: int, ref: Any, exchange: Optional[int] = None) -> Any:
+        """Keep a call to host ``index``'s actor until its answer is read (``_answer``)."""
+        self._calls[ref] = _Call(index, self._hosts[index].actor, self._clock(), exchange)
+        return ref
+
+    def _kill_host(self, index: int, why: str) -> None:
         """Kill the host's actor; its live envs die (reported at the next wait)."""
-        self._lose_host(host, lambda env: f"{env.ref.label}: {why}.", "was killed with its Ray actor")
+        self._lose_host(index, lambda env: f"{env.ref.label}: {why}.", "was killed with its Ray actor")
 
-    def _lose_host(self, host: _Host, message: Callable[[_Env], str], outcome: str) -> None:
-        """The one place where a host's actor is let go of, by us (killed) or by Ray (it died,
-        a call failed): its live envs die, its departing ones ended with ``outcome``."""
-        for worker_id in host.lose(message):
+    def _lose_host(self, index: int, message: Callable[[_Env], str], outcome: str) -> None:
+        """The one place where a host's actor is let go of, by us (killed) or by Ray (a call
+        failed): its live envs die with ``message``, its departing ones ended with ``outcome``."""
+        host = self._hosts[index]
+        if host.actor is not None:
+            ray.kill(host.actor, no_restart=True)  # does nothing to one that is dead already
+        self._events += [
+            Death(w, env.ref.incarnation, WorkerDiedError(message(env), w, env.pid)) for w, env in host.envs.items()
+        ]
+        for worker_id in [*host.envs, *host.departing]:
             self._outcomes[worker_id] = outcome
+        self._hosts[index] = _Host()
 
     def close(self, interrupted: bool) -> List[WorkerTimers]:
         """Every actor takes its workers down with its own ladder, bounded by shutdown_timeout_s
         + kill_grace_s + CLOSE_SLACK_S (at once when ``interrupted``); an actor that does not
         answer by then is killed. Then let go of Ray."""
         if not ray.is_initialized():
-            # Ray's own exit handler ran first (interpreter exit): Ray killed the actors the
-            # driver owned, and each actor's reaper took its workers and players down
-            # (NOTE [ No orphans ]).
+            # Ray's own exit handler ran first (interpreter exit): Ray killed the actors the driver
+            # owned, and each actor's reaper took its workers and players down (NOTE [ No orphans ]).
             logger.info("Ray was shut down before the env manager: its actors went with it.")
             self._leave_ray()
             return []
         try:
-            closing: Dict[Any, _Host] = {}
-            for host in self._hosts:
+            closing: Dict[Any, int] = {}  # each close call, by the index of its host
+            for index, host in enumerate(self._hosts):
                 if host.actor is None:
                     continue
                 if not host.answered or interrupted:
-                    self._kill_host(host, "closed")
+                    self._kill_host(index, "closed")
                     continue
-                closing[host.close_call(interrupted)] = host
+                host.call = None  # read before the close's answer, as the actor's other calls
+                if host.outbox:
+                    items, host.outbox = host.outbox, []
+                    self._sent(index, host.actor.apply.remote(items))
+                closing[self._sent(index, host.actor.close.remote(interrupted))] = index
             # The actor's close: its ladder (shutdown_timeout_s + kill_grace_s + a moment), then
             # what its workers left (up to 2 x kill_grace_s); after an exchange in flight.
             kill_grace_s = self._settings.kill_grace_s
@@ -337,27 +278,29 @@ class RayBackend(Backend):
             while closing:
                 ready, _ = ray.wait(list(closing), num_returns=len(closing), timeout=max(0.0, deadline - self._clock()))
                 for ref in ready:
-                    self._finish(closing.pop(ref), ref)
+                    self._closed(closing.pop(ref), ref)
                 if self._clock() >= deadline:
                     break
-            for host in closing.values():
-                logger.warning(f"Ray actor of env workers {sorted(host.departing)} did not close in time; killing it.")
-                self._kill_host(host, "did not close in time")
-            read_until = self._clock() + kill_grace_s  # what killed actors' calls failed with
-            for host in self._hosts:
-                host.read_applied(timeout=max(0.0, read_until - self._clock()))
+            for index in closing.values():
+                departing = sorted(self._hosts[index].departing)
+                logger.warning(f"Ray actor of env workers {departing} did not close in time; killing it.")
+                self._kill_host(index, "did not close in time")
+            self._read(list(self._calls), kill_grace_s)  # what the killed actors' calls failed with
         finally:
             self._leave_ray()
-        timers, self._timers = self._timers, []
+        timers = [event for event in self._events if isinstance(event, WorkerTimers)]
+        self._events = []
         return timers
 
-    def _finish(self, host: _Host, ref: Any) -> None:
-        try:
-            self._absorb(host, ray.get(ref), None)
-        except RayError as e:
-            for worker_id in host.departing:
-                self._outcomes[worker_id] = f"was lost with its actor ({_first_line(e)})"
-        host.closed()
+    def _closed(self, index: int, close: Any) -> None:
+        """A host's close answered: the answers of its calls before it (Ray ran them first),
+        then the close's; then its actor goes (its workers are reaped: free its resources)."""
+        self._read([ref for ref, call in self._calls.items() if call.host == index and ref != close], timeout=1.0)
+        self._answer(close)
+        actor = self._hosts[index].actor
+        if actor is not None:  # else lost: the close failed
+            ray.kill(actor, no_restart=True)
+            self._hosts[index] = _Host()
 
     def outcome(self, worker_id: int) -> str:
         return self._outcomes.get(worker_id, "was not running")
@@ -370,71 +313,94 @@ class RayBackend(Backend):
 
     # ------------------------------------------------------------------------- events
 
-    def send_now(self) -> None:
-        """Each host whose actor has no call in flight sends what it has now (NOTE [ Hosts ])."""
-        for host in self._hosts:
-            host.call_if_due(self._clock())
-
     def wait(self, timeout: float) -> List[Event]:
-        """Send each host what it has (NOTE [ Hosts ]), then block in ``ray.wait`` on every
-        call in flight (no polling on this side)."""
-        events: List[Event] = list(self._timers)
-        self._timers = []
-        for host in self._hosts:
-            events += host.take_deaths()
-            host.read_applied()
-            host.call_if_due(self._clock())
-        if events:
-            return events
-        calls = {host.call: host for host in self._hosts if host.call is not None}
-        if not calls:
+        """Send each host what it has, then block in ``ray.wait`` until a call answers. Polling
+        remains in what is sent: an empty exchange to a host that owes replies, at most every
+        POLL_WAIT_S (NOTE [ Hosts ]). With no call out nothing can answer: it sleeps ``timeout``."""
+        for index in range(len(self._hosts)):
+            self._call_if_due(index)
+        if not self._events and self._calls:
+            ready, rest = ray.wait(list(self._calls), num_returns=1, timeout=timeout)
+            if ready:
+                self._answer(ready[0])
+                self._read(rest, 0.0)
+        elif not self._events:
             time.sleep(timeout)
-            return []
-        ready, rest = ray.wait(list(calls), num_returns=1, timeout=timeout)
-        if ready and rest:
-            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-        for ref in ready:
-            events += self._receive(calls[ref])
+        events, self._events = self._events, []
         return events
 
-    def _receive(self, host: _Host) -> List[Event]:
+    def _read(self, refs: List[Any], timeout: float) -> None:
+        """Read the answers of ``refs`` that are in within ``timeout``."""
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            for ref in done:
+                self._answer(ref)
+
+    def _answer(self, ref: Any) -> None:
+        """Read a call's answer: the one place where a ``RayError`` becomes events. A report
+        becomes its host's events; a failed call is the loss of the host's actor, and so the
+        death of its envs. The answer of an actor the host no longer has is dropped: its envs'
+        deaths were reported when it was let go of."""
+        call = self._calls.pop(ref)
+        host = self._hosts[call.host]
+        if host.call is not None and host.call == ref:
+            host.call = None
         try:
-            report: HostReport = ray.get(host.take_call())
+            report: Optional[HostReport] = ray.get(ref)
         except RayError as e:
-            what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
-            ray_says = _first_line(e)
-            self._lose_host(
-                host,
-                lambda env: (
-                    f"{env.ref.label}: its Ray actor {what} (last command: {command_name(env.ref.last_command)}); "
-                    f"the node may have been lost. Ray says: {ray_says}"
-                ),
-                f"was lost with its actor ({ray_says})",
-            )
-            return host.take_deaths()
-        return self._absorb(host, report, host.last_exchange)
+            if host.actor is call.actor:
+                what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
+                ray_says = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                self._lose_host(
+                    call.host,
+                    lambda env: (
+                        f"{env.ref.label}: its Ray actor {what} (last command: {command_name(env.ref.last_command)}); "
+                        f"the node may have been lost. Ray says: {ray_says}"
+                    ),
+                    f"was lost with its actor ({ray_says})",
+                )
+            return
+        if report is not None and host.actor is call.actor:
+            self._absorb(call.host, report, call.exchange)
+
+    def _absorb(self, index: int, report: HostReport, exchange: Optional[int]) -> None:
+        """A host's report: where its envs run, their replies and deaths, which are still
+        departing, and the outcomes and timers of its closed workers; ``exchange``: the number
+        of the exchange that reported (None: the close)."""
+        host = self._hosts[index]
+        host.answered = True
+        self._outcomes.update(report.outcomes)
+        self._events += [WorkerTimers(root) for root in report.timers]
+        node_id, address, actor_pid = report.where
+        for (worker_id, incarnation), pid in report.pids.items():
+            env = host.current(worker_id, incarnation)
+            if env is not None:
+                placement = Placement(worker_id, pid, address, node_id, actor_pid)
+                ref = env.ref._replace(label=worker_label(worker_id, pid, placement))
+                host.envs[worker_id] = env._replace(ref=ref, pid=pid)
+                self._events.append(Placed(worker_id, incarnation, placement))
+        host.unreported = {
+            w: first for w, first in host.unreported.items() if exchange is not None and exchange < first
+        }
+        host.departing = set(report.departing) | set(host.unreported)
+        for event in report.events:
+            env = host.current(event.worker_id, event.incarnation)
+            if env is None:
+                continue  # from an incarnation released meanwhile
+            answers = isinstance(event, Reply) and event.response.cmd in ANSWERS  # else it is ending
+            host.envs[event.worker_id] = env._replace(owed=max(0, env.owed - 1) if answers else 0)
+            self._events.append(event)
 
     def next_deadline(self) -> Optional[float]:
-        """When the oldest call of an actor that answered before becomes overdue."""
-        sent = [host.sent_at for host in self._hosts if host.call is not None and host.answered]
+        """When the oldest exchange of an actor that answered before becomes overdue."""
+        sent = [self._calls[host.call].sent_at for host in self._hosts if host.call is not None and host.answered]
         return min(sent) + self._call_bound_s if sent else None
 
     def advance(self) -> None:
-        """Kill actors whose call is overdue: their envs die (and restart within quota)."""
+        """Kill actors whose exchange is overdue: their envs die (and restart within quota)."""
         now = self._clock()
-        for host in self._hosts:
-            if host.call is not None and host.answered and now >= host.sent_at + self._call_bound_s:
+        for index, host in enumerate(self._hosts):
+            if host.call is not None and host.answered and now >= self._calls[host.call].sent_at + self._call_bound_s:
                 why = f"its Ray actor did not answer a call within {self._call_bound_s:.0f} s and was killed"
                 logger.error(f"Ray actor of env workers {sorted(host.envs)}: {why}.")
-                self._kill_host(host, why)
-
-    def _absorb(self, host: _Host, report: HostReport, exchange: Optional[int]) -> List[Event]:
-        """A host's answer: its events, and the outcomes and timers of its closed workers."""
-        self._outcomes.update(report.outcomes)
-        self._timers += [WorkerTimers(root) for root in report.timers]
-        return host.received(report, exchange)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+                self._kill_host(index, why)
