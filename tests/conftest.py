@@ -1,10 +1,10 @@
 """Shared test plumbing: every test must leave no process, and no shared memory, behind, and the
 run no fork server temp dir; the Ray tests share one loopback Ray cluster, watched by netguard
 where it exists."""
-import fcntl
 import importlib.util
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,7 +51,10 @@ def leftover_processes() -> List[psutil.Process]:
 
 
 def leftover_segments() -> List[str]:
-    """Shared memory segments of managers this process created (core/wire.py)."""
+    """Shared memory segments of managers this process created (core/wire.py). Linux lists them in
+    /dev/shm; macOS and Windows keep them nowhere a process can list."""
+    if sys.platform != "linux":
+        return []
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"{wire.SEGMENT_PREFIX}{os.getpid()}_")]
 
 
@@ -98,7 +101,7 @@ def _as_a_terminal_job() -> None:
     mlagents-learn keep an inherited ignored signal ignored (CI19: every Ctrl-C test failed)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    if sys.platform != "win32" and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:  # Windows has no SIGHUP
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
@@ -128,7 +131,10 @@ _SESSION_START = time.time()
 def abandoned_temp_dirs(since: float) -> List[str]:
     """multiprocessing's temp dirs (``pymp-*``, where a fork server's socket lives) made since
     ``since`` whose fork server is gone while the dir stays: only a living trainer removes its
-    own (at exit), and its reaper after a SIGKILL. A dir whose socket is still bound is in use."""
+    own (at exit), and its reaper after a SIGKILL. A dir whose socket is still bound is in use
+    (/proc/net/unix: Linux only, where the Linux hardening's reaper is checked)."""
+    if sys.platform != "linux":
+        return []
     with open("/proc/net/unix") as f:
         bound = {line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) > 7}
     found = []
@@ -236,8 +242,9 @@ def editor_port() -> Iterator[int]:
     """The Editor's one port, for one test at a time: across xdist workers (pytest-xdist 3.8's
     loadgroup does not group tests under pytest 9, so xdist_group alone let two such tests meet
     on 5004 in CI) and across test sessions on the machine."""
-    with open(_EDITOR_PORT_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the others hold it for seconds; pytest-timeout bounds the wait
+    from mlagents_plugin.testing.faulty_envs import locked  # flock, or msvcrt's locking on Windows
+
+    with open(_EDITOR_PORT_LOCK, "w") as lock, locked(lock):  # held for seconds; pytest-timeout bounds the wait
         yield EDITOR_PORT
 
 

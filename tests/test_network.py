@@ -5,6 +5,7 @@ import ipaddress
 import os
 import signal
 import socket
+import sys
 
 import pytest
 from helpers import (
@@ -58,12 +59,18 @@ def test_a_run_on_player_builds_listens_on_loopback_only_and_trains(tmp_path):
     assert "listen: loopback" in (tmp_path / "results" / "run" / "env_manager.yaml").read_text()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="stops mlagents-learn with a Ctrl-C to its process group "
+                    "(os.killpg), which Windows does not have")
 @pytest.mark.timeout(120)
 @pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
 @pytest.mark.parametrize("listen, expected", [
     (None, loopback_families()),
     ("all", EVERY_ADDRESS),  # the opt-out: every address, IPv4 and IPv6, as mlagents-envs binds
-    ("127.0.0.2", loopback_families() | {"127.0.0.2"}),  # one more address (a loopback one: nothing exposed)
+    pytest.param(  # one more address (a loopback one: nothing exposed)
+        "127.0.0.2", loopback_families() | {"127.0.0.2"},
+        marks=pytest.mark.skipif(sys.platform == "darwin", reason="macOS gives its loopback interface 127.0.0.1 "
+                                 "alone unless told to"),
+    ),
 ], ids=["default", "all", "one-address"])
 def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen, expected, editor_port):
     def edit(config):
@@ -86,6 +93,8 @@ def test_waiting_for_the_editor_listens_where_the_setting_says(tmp_path, listen,
     assert len({listener.pid for listener in found}) == 1, found
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="psutil lists the machine's sockets on macOS only as root: "
+                    "the port's holder is not named there (docs/platforms.md)")
 @pytest.mark.timeout(120)
 @pytest.mark.xdist_group("editor-port")  # the Editor's port, 5004, is fixed
 def test_a_second_run_waiting_for_the_editor_says_who_holds_its_port(tmp_path, editor_port):

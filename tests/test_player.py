@@ -273,17 +273,37 @@ def test_the_player_without_a_trainer_fails_and_says_what_to_start(tmp_path):
     assert "Start mlagents-learn first" in result.stderr
 
 
-@pytest.mark.parametrize("platform", ["linux", "darwin"])
+@pytest.mark.parametrize("platform", ["linux", "darwin", "win32"])
 def test_make_build_writes_where_mlagents_envs_looks_for_a_build(tmp_path, monkeypatch, platform):
-    """On macOS a build is a .app bundle: mlagents-envs' own lookup, told it runs there, finds
-    the launcher (which is also what `--env=DIR/NAME` launches on Linux)."""
+    """On macOS a build is a .app bundle, on Windows a .exe: mlagents-envs' own lookup, told it
+    runs there, finds the launcher (which is also what `--env=DIR/NAME` launches on Linux)."""
     launcher = make_build(str(tmp_path), "goal", platform=platform)
     monkeypatch.setattr(env_utils, "get_platform", lambda: platform)
     monkeypatch.chdir(tmp_path)
     assert env_utils.validate_environment_path(str(tmp_path / "goal")) == str(launcher)
 
 
-def test_make_build_on_windows_says_how_to_use_the_player_instead(tmp_path):
-    with pytest.raises(ValueError, match="mlagents-plugin-player"):
-        make_build(str(tmp_path), "goal", platform="win32")
+@pytest.mark.timeout(60)
+def test_make_build_on_windows_writes_pips_launcher_of_the_player(tmp_path):
+    """The .exe is pip's console-script launcher, the shebang of this interpreter and a zip whose
+    __main__.py plays the scene: here Python runs the zip as the launcher would on Windows."""
+    import importlib.resources
+    import zipfile
+
+    exe = make_build(str(tmp_path), "continuous", platform="win32")
+    launcher = importlib.resources.files("pip._vendor.distlib").joinpath("t64.exe").read_bytes()
+    python = f'"{sys.executable}"' if " " in sys.executable else sys.executable
+    shebang = f"#!{python}\n".encode()
+    content = exe.read_bytes()
+    assert content.startswith(launcher + shebang + b"PK\x03\x04")  # the zip follows the shebang
+    with zipfile.ZipFile(exe) as archive:
+        assert archive.namelist() == ["__main__.py"]
+    port = free_port_block(1)
+    result = subprocess.run(
+        [sys.executable, str(exe), "--mlagents-port", str(port), "--connect-timeout-s", "1"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Player for scene 'continuous'" in result.stderr
+    assert f"No trainer answered on port {port}" in result.stderr
 

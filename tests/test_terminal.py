@@ -50,6 +50,7 @@ def stop_with_ctrl_c(trainer, output):
     finish(trainer, output, timeout_s=60)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP and SIGCONT: Windows has neither")
 @pytest.mark.timeout(300)
 def test_ctrl_z_then_fg_restarts_nothing(tmp_path, builds):
     """The trainer's process group stopped for three times step_timeout_s, then continued.
@@ -81,6 +82,9 @@ def test_ctrl_z_then_fg_restarts_nothing(tmp_path, builds):
     assert trainer.returncode == 0
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Ctrl-C as a terminal sends it, to the process "
+                    "group (os.killpg): Windows' console events need a person with the machine "
+                    "(docs/platforms.md)")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.5])
 def test_ctrl_c_while_the_builds_start_is_an_ordinary_interrupt(tmp_path, builds, delay_s):
@@ -108,6 +112,9 @@ def test_ctrl_c_while_the_builds_start_is_an_ordinary_interrupt(tmp_path, builds
     assert processes_naming(tmp_path) == []
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Ctrl-C as a terminal sends it, to the process "
+                    "group (os.killpg): Windows' console events need a person with the machine "
+                    "(docs/platforms.md)")
 @pytest.mark.timeout(240)
 def test_one_ctrl_c_while_closing_lets_the_envs_close(tmp_path):
     """Training ended by itself; the envs take 6 s to close; one Ctrl-C meanwhile hurries the
@@ -176,6 +183,8 @@ def run_with_dev_shm_of(size: str, script: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=200)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="a small /dev/shm, mounted in a mount namespace of its "
+                    "own (unshare, mount): Linux only")
 @pytest.mark.timeout(240)
 def test_a_full_dev_shm_falls_back_to_the_pipe_and_says_why():
     """8 workers of 16 cameras each need about 14 MB of /dev/shm; it has 8. Without reserving
@@ -190,6 +199,8 @@ def test_a_full_dev_shm_falls_back_to_the_pipe_and_says_why():
     assert all("/dev/shm is 8.0 MB" in w and "--shm-size" in w and "through the pipe" in w for w in warnings)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the hint names /dev/shm, which macOS does not have, for a "
+                    "SIGBUS, which Windows does not have")
 @pytest.mark.timeout(120)
 def test_a_bus_error_of_a_worker_using_shared_memory_names_dev_shm(env_manager_factory, caplog):
     factory = make_factory(SimpleEnvironment, num_agents=8, visual_shape=(3, 84, 84))  # 0.7 MB a step
@@ -210,6 +221,8 @@ def test_a_bus_error_of_a_worker_using_shared_memory_names_dev_shm(env_manager_f
 # ------------------------------------------------------------- several runs on one port
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="psutil lists the machine's sockets on macOS only as root: "
+                    "the other run is not named there (docs/platforms.md)")
 @pytest.mark.timeout(300)
 def test_two_runs_on_the_same_base_port_train_side_by_side(tmp_path, builds):
     """Two `mlagents-learn` runs started together on one --base-port, as two users who both keep
@@ -244,6 +257,8 @@ def test_two_runs_on_the_same_base_port_train_side_by_side(tmp_path, builds):
     assert moves and all("is held by pid" in m and "mlagents-learn" in m for m in moves), moves
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="on macOS a bind to 127.0.0.1 can succeed beside another "
+                    "process's [::] bind: there the bind is no claim (docs/platforms.md)")
 @pytest.mark.timeout(60)
 def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
     """The race two runs on one port meet: both pass mlagents-envs' port check before either
@@ -277,6 +292,8 @@ def test_a_workers_bind_is_its_claim_on_the_port(monkeypatch):
         other_run.stop(None)
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="binds 127.0.0.2, which macOS does not give its loopback "
+                    "interface unless told to")
 @pytest.mark.timeout(60)
 def test_a_port_held_on_one_of_its_addresses_is_refused_and_nothing_stays_bound(monkeypatch):
     """A worker binds its addresses one after another (NOTE [ Loopback only ]): 127.0.0.1, ::1

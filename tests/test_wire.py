@@ -16,6 +16,13 @@ from mlagents_plugin.core import protocol, wire
 from mlagents_plugin.testing import SimpleEnvironment, make_factory
 
 VISUAL = dict(num_agents=32, visual_shape=(3, 84, 84))
+LISTS_DEV_SHM = pytest.mark.skipif(
+    sys.platform != "linux", reason="lists shared memory segments in /dev/shm, a directory on Linux alone"
+)
+SENDS_SIGKILL = pytest.mark.skipif(
+    sys.platform == "win32", reason="sends SIGKILL, which Windows does not have (a kill there is TerminateProcess)"
+)
+SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
 
 
 def steps_of(env):
@@ -75,6 +82,7 @@ def test_round_trip_through_pickle(env_kwargs):
         encoder.close()
 
 
+@LISTS_DEV_SHM
 @pytest.mark.fast
 def test_large_arrays_go_through_shared_memory_and_small_ones_do_not():
     env = SimpleEnvironment(**VISUAL)
@@ -89,6 +97,8 @@ def test_large_arrays_go_through_shared_memory_and_small_ones_do_not():
     assert leftover_segments() == []
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the name shm_open refuses (a '/' in it) names a "
+                    "shared memory mapping on Windows")
 @pytest.mark.fast
 def test_without_shared_memory_everything_goes_through_the_pipe():
     env = SimpleEnvironment(**VISUAL)
@@ -100,7 +110,9 @@ def test_without_shared_memory_everything_goes_through_the_pipe():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn", "fork"])
+@pytest.mark.parametrize(
+    "start_method", [pytest.param("forkserver", marks=SPAWN_ONLY), "spawn", pytest.param("fork", marks=SPAWN_ONLY)]
+)
 def test_camera_observations_arrive_intact(env_manager_factory, start_method):
     manager = env_manager_factory(make_factory(SimpleEnvironment, **VISUAL), 2, start_method=start_method)
     manager.reset()
@@ -112,6 +124,8 @@ def test_camera_observations_arrive_intact(env_manager_factory, start_method):
         manager.get_steps()
 
 
+@LISTS_DEV_SHM
+@SENDS_SIGKILL
 @pytest.mark.timeout(60)
 def test_a_killed_workers_segment_is_removed(env_manager_factory):
     manager = env_manager_factory(make_factory(SimpleEnvironment, **VISUAL), 2, restart_backoff_s=0.0)
@@ -133,6 +147,7 @@ def test_a_killed_workers_segment_is_removed(env_manager_factory):
     assert leftover_segments() == []
 
 
+@LISTS_DEV_SHM
 @pytest.mark.timeout(60)
 def test_segments_of_a_killed_trainer_are_removed(tmp_path):
     script = tmp_path / "trainer.py"
@@ -169,7 +184,7 @@ def test_segments_of_a_killed_trainer_are_removed(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("end", ["close", "kill a worker, then close"])
+@pytest.mark.parametrize("end", ["close", pytest.param("kill a worker, then close", marks=SENDS_SIGKILL)])
 def test_the_resource_tracker_has_nothing_to_clean_up_at_exit(tmp_path, end):
     """Python's resource tracker warns at exit about segments it thinks leaked; it must find none,
     whether the workers removed their segments or the manager did for a killed worker."""

@@ -179,7 +179,7 @@ def raising_factory(
 
 
 @contextlib.contextmanager
-def _locked(file: Any) -> Iterator[None]:
+def locked(file: Any) -> Iterator[None]:
     """Hold an exclusive lock on ``file`` (released, too, if this process dies)."""
     if sys.platform == "win32":
         import msvcrt
@@ -280,7 +280,7 @@ class RandomFaultEnvironment(SimpleEnvironment):
     def _log_fault(self, kind: str) -> bool:
         """Append the fault to the log, unless ``max_faults`` are in it already (locked: every
         worker writes to the same log)."""
-        with open(self.fault_log, "a+") as log, _locked(log):
+        with open(self.fault_log, "a+") as log, locked(log):
             log.seek(0)
             if self.max_faults is not None and len(log.readlines()) >= self.max_faults:
                 return False
