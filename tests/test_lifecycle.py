@@ -451,6 +451,21 @@ def test_ctrl_c_while_a_worker_restarts_reaches_the_trainer_and_close_ends_in_or
     assert h.backend.workers == {} and h.backend.closed
 
 
+def test_what_a_pump_handled_before_a_ctrl_c_is_not_lost(harness):
+    """Worker 1's step lands in the wait that sees worker 0 die; the Ctrl-C comes while worker 0's
+    restart is launched, at the end of that pump. The step is returned by the next get_steps, as
+    it landed: not dropped, and not stepped again from the step before it (NOTE [ A wait is
+    handled whole ])."""
+    h = harness(behave(w0=Behavior(fault=("die", 3))), restart_backoff_s=0.0)
+    h.backend.interrupt_at = {"launch": 3}  # the restart of worker 0
+    h.manager.reset()
+    with pytest.raises(KeyboardInterrupt):
+        h.step_until(lambda: False)
+    sent_to_1 = [w for w, c, _ in h.backend.deliveries if c is EnvironmentCommand.STEP].count(1)
+    assert [s.worker_id for s in h.manager.get_steps()] == [1]
+    assert [w for w, c, _ in h.backend.deliveries if c is EnvironmentCommand.STEP].count(1) == sent_to_1
+
+
 @pytest.mark.parametrize("method, n", [("release", 1), ("release", 2), ("close", 1)])
 def test_a_first_ctrl_c_while_closing_hurries_the_close_and_it_ends_in_order(harness, method, n):
     h = harness(n_env=2)

@@ -1,9 +1,10 @@
 """What a backend is: how workers are started, reached, waited for and taken down.
 
-The manager (manager.py) holds every decision; a backend only moves bytes and processes. It
-never sees a slot: each call names the worker incarnation by a ``WorkerRef`` value (the slot's
-one writer is the manager), and the backend reports what happened in ``wait`` (and ``close``) as
-events, which the manager handles: a backend never calls back into the manager, nor imports it.
+core/ holds every decision; a backend only moves bytes and processes. It never sees a slot:
+each call names the worker incarnation by a ``WorkerRef`` value (the slot's one writer is the
+supervisor, supervision.py), and the backend reports what happened in ``wait`` (and ``close``)
+as events, which the supervisor handles: a backend never calls back into core, nor imports the
+manager.
 local/backend.py is the process backend, ray/backend.py the Ray one, and the fast tests drive
 the manager with an in-memory one (tests/fake_backend.py).
 """
@@ -18,7 +19,7 @@ from mlagents_plugin.core.settings import EnvManagerSettings
 
 
 class WorkerRef(NamedTuple):
-    """A worker incarnation as the manager describes it to a backend, when it calls it."""
+    """A worker incarnation as the supervisor describes it to a backend, when it calls it."""
 
     worker_id: int
     incarnation: int

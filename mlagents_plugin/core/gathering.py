@@ -15,7 +15,7 @@
 # nothing is waited for. Where the envs are the bottleneck, a worker that answers first waits at
 # most one pass's time, and only for workers due within it.
 #
-# Gathering pays off with NOTE [ Actions as steps land ] (manager.py): the gathered workers are
+# Gathering pays off with NOTE [ Actions as steps land ] (stepper.py): the gathered workers are
 # sent their actions together and step while the trainer processes their steps, and they are
 # back together for the next ``get_steps``. Without it they would wait for that processing, and
 # the trainer, in turn, for their steps.

@@ -11,7 +11,7 @@ keeps the state, the deadline and the outstanding request consistent:
   (any live state) ──restart──▶ RESTARTING ──launch──▶ STARTING      IDLE ─┘
                    └──fail────▶ FAILED               (any) ──close──▶ CLOSED
 
-``check`` states the invariants; the manager runs it after every pump in test and debug runs
+``check`` states the invariants; the supervisor runs it after every pump in test and debug runs
 (``MLAGENTS_PLUGIN_CHECK=1``, which the test suite sets).
 """
 import enum

@@ -26,12 +26,14 @@ from mlagents_plugin.core.protocol import EnvironmentCommand, WorkerSpec
 from mlagents_plugin.core.restart import RestartPolicy
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.core.stepper import Stepper
-from mlagents_plugin.core.supervision import MAX_WAIT_S, Supervisor
+from mlagents_plugin.core.supervision import MAX_WAIT_S, Pumped, Supervisor
 from mlagents_plugin.integration import compat
 
 logger = logging_util.get_logger(__name__)
 
 EnvFactory = Callable[[int, List[SideChannel]], BaseEnv]
+# Slots a reset does not wait for: failed for good, or a restart whose start raised to the trainer.
+GONE = (WorkerState.FAILED, WorkerState.CLOSED)
 
 
 class SupervisedManagerBase(EnvManager):
@@ -113,7 +115,7 @@ class SupervisedManagerBase(EnvManager):
         # not restarted, its error is raised from here.
         def every_worker_reset() -> bool:
             reset = self.stepper.completed_workers()
-            return all(w.worker_id in reset or w.state is WorkerState.FAILED for w in self.workers)
+            return all(w.worker_id in reset or w.state in GONE for w in self.workers)
 
         self._pump_until(every_worker_reset)
         return self.stepper.take_completed()
@@ -173,11 +175,14 @@ class SupervisedManagerBase(EnvManager):
         """One supervisor pump: its steps go to the stepper; a failed worker's steps not yet
         returned and its partial trajectories are dropped; then the first failure that must
         reach the trainer is raised (NOTE [ A wait is handled whole ] in supervision.py)."""
-        pumped = self.supervisor.pump(limit_s)
-        self.stepper.landed(pumped.landed)  # a released worker's came before its release
-        for worker_id in pumped.released:
-            self.stepper.forget(worker_id)
-            compat.drop_worker_trajectories(self.agent_managers, worker_id)
+        pumped = Pumped([], [], [])
+        try:
+            self.supervisor.pump(pumped, limit_s)
+        finally:  # also when an interrupt ended it: what it handled is not lost
+            self.stepper.landed(pumped.landed)  # a released worker's came before its release
+            for worker_id in pumped.released:
+                self.stepper.forget(worker_id)
+                compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if pumped.failures:
             raise pumped.failures[0]
 

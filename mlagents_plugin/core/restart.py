@@ -12,7 +12,7 @@ moves to a worker id nobody uses, at once (up to MAX_PORT_MOVES times), except w
 the Unity Editor, whose port is fixed.
 
 ``RestartPolicy.decide`` is the one place that decides: it returns a ``Restart``, a ``MovePort``
-or a ``Fail``, and the manager carries the decision out.
+or a ``Fail``, and the supervisor carries the decision out.
 """
 import datetime
 import enum

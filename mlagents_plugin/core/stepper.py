@@ -85,6 +85,7 @@ class Stepper:
                 self._gather()  # (a worker whose step is in may die meanwhile: then wait on)
         if self._early:  # before the steps are handed over: a raise keeps them
             self.send_actions([w for w in self._supervisor.idle() if self._acts_early(w)])
+            self._supervisor.flush()  # (also what a Ray host held back behind its call in flight)
         return self.take_completed()
 
     def send_actions(self, worker_ids: Optional[List[int]] = None) -> None:

@@ -63,7 +63,8 @@ class Landed(NamedTuple):
 
 
 class Pumped(NamedTuple):
-    """What one wait brought, handled whole (NOTE [ A wait is handled whole ])."""
+    """What one wait brought, handled whole (NOTE [ A wait is handled whole ]); ``pump`` fills
+    the caller's."""
 
     landed: List[Landed]
     released: List[int]  # worker ids whose incarnation failed: what it sent before is void
@@ -170,10 +171,10 @@ class Supervisor:
             self.send(slot.worker_id, EnvironmentCommand.ENVIRONMENT_PARAMETERS, calls)
 
     def flush(self) -> None:
-        """Deliver what was sent since the last flush (Backend.deliver: one call per Ray actor)."""
-        if self._outbox:
-            outbox, self._outbox = self._outbox, []
-            self.backend.deliver(outbox)
+        """Deliver what was sent since the last flush (Backend.deliver: one call per Ray actor;
+        also when nothing was, so that a Ray host sends what waited for its call in flight)."""
+        outbox, self._outbox = self._outbox, []
+        self.backend.deliver(outbox)
 
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.sent(cmd)
@@ -201,13 +202,14 @@ class Supervisor:
                 f"{self._owner} and create a new one."
             )
 
-    def pump(self, limit_s: float = MAX_WAIT_S) -> Pumped:
+    def pump(self, pumped: Pumped, limit_s: float = MAX_WAIT_S) -> None:
         """Deliver what was sent, wait once (at most ``limit_s``) for replies, deaths and
-        deadlines, and handle every one of them (NOTE [ A wait is handled whole ])."""
+        deadlines, and handle every one of them into ``pumped`` (NOTE [ A wait is handled
+        whole ]): the caller's, so that what was handled stays handled if an interrupt ends the
+        pump half-way. What a restart sends is delivered before it returns."""
         self.check_usable()
         self.flush()
         self.watched.entered()
-        pumped = Pumped([], [], [])
         try:
             bound_s, started = min(limit_s, self._time_to_next_deadline()), self._clock()
             events = self.backend.wait(bound_s)
@@ -227,12 +229,12 @@ class Supervisor:
             self.backend.advance()
             self._check_deadlines(pumped)
             self._start_due_restarts()
+            self.flush()
             if CHECK_INVARIANTS:
                 for slot in self._slots:
                     slot.check()
         finally:
             self.watched.left()
-        return pumped
 
     def _time_to_next_deadline(self) -> float:
         watched_now, now = self.watched.now(), self._clock()

@@ -111,6 +111,9 @@ INTERNALS = [
     Internal("mlagents.trainers.behavior_id_utils:get_global_agent_id",
              "batching names agents as get_action does; drop_worker_trajectories finds a worker's by prefix",
              'f"agent_{worker_id}-{agent_id}"'),
+    # core/stepper.py keeps the EnvManager's own policies dict, which set_policy fills in place
+    Internal("mlagents.trainers.env_manager:EnvManager.set_policy", "the stepper reads the dict it fills",
+             "self.policies[brain_name] = policy"),
     # core/stepper.py's early actions (NOTE [ Actions as steps land ]) and trainers/ppo_fast.py
     Internal("mlagents.trainers.policy.torch_policy:TorchPolicy", "only ML-Agents' own policy class acts early"),
     Internal("mlagents.trainers.policy.policy:Policy.__init__",

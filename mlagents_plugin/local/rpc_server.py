@@ -11,7 +11,7 @@ integration/compat.py lists and checks.
 # the wrong trainer, and both runs stall until mlagents-envs' --timeout-wait gives up (60 s), then
 # recover through restarts. So the server is bound without SO_REUSEPORT, which makes the bind
 # itself the claim: the second run's bind fails at once with UnityWorkerInUseException, before
-# its player starts, and the manager moves that worker to a port nobody uses (manager.py), saying
+# its player starts, and that worker moves to a port nobody uses (core/restart.py's decide), saying
 # which process holds the port. Explicit ports behave as before: base_port + worker id while free.
 #
 # NOTE [ Loopback only ]

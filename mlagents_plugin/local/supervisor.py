@@ -2,8 +2,8 @@
 
 A drop-in for ``mlagents.trainers.subprocess_env_manager.SubprocessEnvManager``: same
 constructor, same behaviour, but every wait is bounded, every failure is explained, what can be
-recovered is, and the workers are always reaped. The decisions are the manager's
-(core/manager.py); ``ProcessBackend`` (backend.py) starts worker processes, waits on their pipes
+recovered is, and the workers are always reaped. The decisions are core's (core/manager.py
+wires them); ``ProcessBackend`` (backend.py) starts worker processes, waits on their pipes
 and sentinels, and hands them to the shutdown ladder. docs/architecture.md has the picture and
 docs/faults.md what happens on each fault.
 """

@@ -150,27 +150,39 @@ class EnvHostActor:
 
     def _run(self) -> None:
         """The loop: each posted call's work, in order; between calls, the workers and the
-        ladder. Ends after the close."""
-        trouble: Optional[Exception] = None  # what the loop raised between calls: the next call's answer
-        while True:
-            try:
-                posted = self._posted.get(block=trouble is not None)
-            except queue.Empty:
+        ladder. Ends after the close. What the wait between calls raised (a bug) becomes the next
+        call's answer, after that call's work ran (a close still takes the workers down); if the
+        loop itself ends by an exception, every call waiting gets it."""
+        trouble: Optional[Exception] = None  # what the loop raised between calls
+        posted: Optional[_Posted] = None
+        try:
+            while True:
                 try:
-                    self._wait_once(None)
-                except Exception as e:  # a bug: the trainer hears of it in its next call
-                    trouble = e
-                continue
-            if trouble is not None:
-                posted.answer.set_exception(trouble)
-                trouble = None
-            else:
+                    posted = self._posted.get(block=trouble is not None)
+                except queue.Empty:
+                    posted = None
+                    try:
+                        self._wait_once(None)
+                    except Exception as e:  # a bug: the trainer hears of it in its next call
+                        trouble = e
+                    continue
                 try:
-                    posted.answer.set_result(posted.work())
+                    result, error = posted.work(), trouble
                 except Exception as e:  # the call raises it, in Ray's RayTaskError
-                    posted.answer.set_exception(e)
-            if posted.last:
-                return
+                    result, error = None, trouble or e
+                trouble = None
+                if error is None:
+                    posted.answer.set_result(result)
+                else:
+                    posted.answer.set_exception(error)
+                if posted.last:
+                    return
+        except BaseException as e:
+            if posted is not None and not posted.answer.done():
+                posted.answer.set_exception(e)
+            while not self._posted.empty():
+                self._posted.get().answer.set_exception(e)
+            raise
 
     def _wait_once(self, until: Optional[float]) -> Set[int]:
         """Wait on the workers until ``until`` (None: until a call wakes the loop) or the ladder's

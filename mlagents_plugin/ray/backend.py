@@ -1,12 +1,13 @@
 """RayBackend: the supervised env manager's workers as Ray actors anywhere in a cluster.
 
-Every decision is the manager's (core/manager.py), as for the subprocess backend; RayEnvManager
+Every decision is core's (core/supervision.py), as for the subprocess backend; RayEnvManager
 (manager.py) runs it over this backend. ``RayBackend`` is the transport: an actor hosts
 ``envs_per_worker`` worker processes (actor.py, NOTE [ Ray actors host worker processes ]);
 the trainer's messages to one actor go in one call, whose result is what its workers said
 (NOTE [ Hosts ]); the trainer blocks in ``ray.wait`` on every call out; a lost actor or
 node is the death of its workers; a hung worker is killed by its actor's shutdown ladder.
-docs/ray.md says how to run it on a cluster and what fails how.
+docs/ray.md says how to run it on a cluster and what fails how. About 400 lines: the hosts'
+records have one writer, this class, so their calls, answers and losses stay together.
 """
 import math
 import os
@@ -172,18 +173,17 @@ class RayBackend(Backend):
         host.outbox.append(Launch(spec))
 
     def deliver(self, messages: Sequence[Message]) -> None:
-        """Into each host's outbox; each host with no call in flight sends it now (NOTE [ Hosts ])."""
-        given = set()
+        """Into each host's outbox; then each host with something to send and no call in flight
+        sends it now, what waited behind a call that has returned too (NOTE [ Hosts ])."""
         for worker, command, data in messages:
-            index = worker.worker_id // self._k
-            host = self._hosts[index]
+            host = self._hosts[worker.worker_id // self._k]
             env = host.current(worker.worker_id, worker.incarnation)
             if env is not None:
                 host.envs[worker.worker_id] = env._replace(ref=worker, owed=env.owed + (command in WITH_REPLY))
                 host.outbox.append(Deliver(worker.worker_id, worker.incarnation, command, data))
-                given.add(index)
-        for index in sorted(given):
-            self._call_if_due(index)
+        for index, host in enumerate(self._hosts):
+            if host.outbox:
+                self._call_if_due(index)
 
     def release(self, worker: WorkerRef, reason: Reason) -> None:
         """The worker goes down through its actor's shutdown ladder, in a call sent now

@@ -1,6 +1,6 @@
 """RayEnvManager: the same supervised env manager, its workers Ray actors anywhere in a cluster.
 
-The decisions are the manager's (core/manager.py); ``RayBackend`` (backend.py) is the transport.
+The decisions are core's (core/manager.py wires them); ``RayBackend`` (backend.py) is the transport.
 docs/ray.md says how to run it on a cluster and what fails how.
 """
 from typing import Optional
