@@ -23,7 +23,7 @@ def death(n_env: int) -> Dict[str, float]:
         EnvManagerSettings(restart_backoff_s=0.0),
     )
     handler = FirstLog("Restarting env worker")  # the supervisor's first restart: it noticed the death
-    logging.getLogger("mlagents_plugin.core.manager").addHandler(handler)
+    logging.getLogger("mlagents_plugin.core.supervision").addHandler(handler)
     try:
         manager.reset({})
         for _ in range(20):
@@ -44,7 +44,7 @@ def death(n_env: int) -> Dict[str, float]:
             "restart_to_first_step_ms": 1000 * (back_at - killed_at),
         }
     finally:
-        logging.getLogger("mlagents_plugin.core.manager").removeHandler(handler)
+        logging.getLogger("mlagents_plugin.core.supervision").removeHandler(handler)
         manager.close()
 
 

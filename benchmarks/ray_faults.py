@@ -47,7 +47,7 @@ def actor_killed() -> Dict[str, float]:
     manager = RayEnvManager(
         make_factory(SimpleEnvironment, step_sleep_s=0.001), RunOptions(), 4, EnvManagerSettings(**SETTINGS)
     )
-    restart = _watch("mlagents_plugin.core.manager", "Restarting env worker")
+    restart = _watch("mlagents_plugin.core.supervision", "Restarting env worker")
     try:
         manager.reset({})
         for _ in range(50):
@@ -57,7 +57,7 @@ def actor_killed() -> Dict[str, float]:
         back = _until_worker_steps(manager, [3], killed)
         return {"noticed_ms": 1000 * (restart.at - killed), "first_step_ms": 1000 * (back - killed)}
     finally:
-        logging.getLogger("mlagents_plugin.core.manager").removeHandler(restart)
+        logging.getLogger("mlagents_plugin.core.supervision").removeHandler(restart)
         manager.close()
 
 
@@ -78,7 +78,7 @@ def worker_hung() -> Dict[str, float]:
 def node_lost(cluster) -> Dict[str, float]:
     node = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=8)
     manager = RayEnvManager(make_factory(SimpleEnvironment), RunOptions(), 2, EnvManagerSettings(**SETTINGS))
-    restart = _watch("mlagents_plugin.core.manager", "Restarting env worker")
+    restart = _watch("mlagents_plugin.core.supervision", "Restarting env worker")
     try:
         manager.reset({})
         for _ in range(50):
@@ -89,7 +89,7 @@ def node_lost(cluster) -> Dict[str, float]:
         back = _until_worker_steps(manager, lost, removed)
         return {"noticed_ms": 1000 * (restart.at - removed), "first_step_ms": 1000 * (back - removed)}
     finally:
-        logging.getLogger("mlagents_plugin.core.manager").removeHandler(restart)
+        logging.getLogger("mlagents_plugin.core.supervision").removeHandler(restart)
         manager.close()
 
 
