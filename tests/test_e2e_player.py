@@ -277,7 +277,7 @@ def test_curriculum_lessons_reach_the_build(tmp_path, builds):
         "goal_distance": {
             "curriculum": [
                 {"name": "near", "completion_criteria": {"measure": "reward", "behavior": "Goal",
-                 "threshold": 0.6, "min_lesson_length": 50, "signal_smoothing": False}, "value": 1.0},
+                 "threshold": 0.6, "min_lesson_length": 150, "signal_smoothing": False}, "value": 1.0},
                 {"name": "far", "value": 4.0},
             ]
         }
