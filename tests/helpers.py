@@ -159,9 +159,14 @@ def reaper_of(supervisor_pid: int) -> psutil.Process:
         time.sleep(0.1)
 
 
+# fork and forkserver do not exist on Windows (multiprocessing's start methods there: spawn)
+SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
+
+
 class KillOnceBusy:
-    """SIGKILL ``pid`` from a thread once it has spent ``cpu_s`` more CPU than now: mid-run
-    however fast or slow the machine is (a wall-clock timer may fire after the run has ended).
+    """Kill ``pid`` (SIGKILL; TerminateProcess on Windows) from a thread once it has spent ``cpu_s``
+    more CPU than now: mid-run however fast or slow the machine is (a wall-clock timer may fire
+    after the run has ended).
     ``cancel()`` stops it; ``fired`` says whether it killed."""
 
     def __init__(self, pid: int, cpu_s: float = 0.1):
@@ -178,7 +183,7 @@ class KillOnceBusy:
         try:
             while not self.stop.wait(0.02):
                 if sum(self.process.cpu_times()[:2]) >= self.until:
-                    self.process.send_signal(signal.SIGKILL)
+                    self.process.kill()
                     self.fired = True
                     return
         except psutil.Error:

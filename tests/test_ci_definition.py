@@ -85,7 +85,7 @@ def test_windows_and_macos_run_the_portable_leg_on_the_wheel_built_in_the_workfl
         python = next(e["python"] for e in portable["strategy"]["matrix"]["include"] if e["os"] == os_name)
         # ML-Agents' install guide, as .ci/official_venv.sh follows it, then the wheel
         assert f"{python} -m pip install mlagents==1.1.0" in commands
-        assert f'{python} -m pip install "dist/{wheel}[dev]"' in commands
+        assert f'{python} -m pip install "dist/{wheel}[dev,ray]"' in commands
         assert commands[-1].startswith(f"{python} {ENTRY_POINT} ")
 
 

@@ -11,7 +11,7 @@ import sys
 
 import psutil
 import pytest
-from helpers import free_port_block, step_until
+from helpers import SPAWN_ONLY, free_port_block, step_until
 from mlagents.trainers.learn import create_environment_factory
 from mlagents_envs.exception import (
     UnityCommunicationException,
@@ -32,7 +32,6 @@ from mlagents_plugin.testing import (
 )
 from mlagents_plugin.testing.training import train
 
-SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
 START_METHODS = [pytest.param("forkserver", marks=SPAWN_ONLY), "spawn", pytest.param("fork", marks=SPAWN_ONLY)]
 FAST = dict(restart_backoff_s=0.0)
 

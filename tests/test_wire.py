@@ -1,15 +1,16 @@
 """The step wire format and its shared memory (NOTE [ Step wire format ])."""
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 
 import numpy as np
+import psutil
 import pytest
 from conftest import leftover_segments
+from helpers import SPAWN_ONLY
 from mlagents_envs.base_env import ActionTuple
 
 from mlagents_plugin.core import protocol, wire
@@ -19,10 +20,6 @@ VISUAL = dict(num_agents=32, visual_shape=(3, 84, 84))
 LISTS_DEV_SHM = pytest.mark.skipif(
     sys.platform != "linux", reason="lists shared memory segments in /dev/shm, a directory on Linux alone"
 )
-SENDS_SIGKILL = pytest.mark.skipif(
-    sys.platform == "win32", reason="sends SIGKILL, which Windows does not have (a kill there is TerminateProcess)"
-)
-SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
 
 
 def steps_of(env):
@@ -125,14 +122,13 @@ def test_camera_observations_arrive_intact(env_manager_factory, start_method):
 
 
 @LISTS_DEV_SHM
-@SENDS_SIGKILL
 @pytest.mark.timeout(60)
 def test_a_killed_workers_segment_is_removed(env_manager_factory):
     manager = env_manager_factory(make_factory(SimpleEnvironment, **VISUAL), 2, restart_backoff_s=0.0)
     manager.reset()
     manager.get_steps()
     assert len(leftover_segments()) == 2
-    os.kill(manager.worker_pids[1], signal.SIGKILL)
+    psutil.Process(manager.worker_pids[1]).kill()
     while not manager.restart_counts:
         manager.get_steps()
     # Once the restarted worker has sent a step, its segment exists (steps from before the
@@ -184,14 +180,14 @@ def test_segments_of_a_killed_trainer_are_removed(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("end", ["close", pytest.param("kill a worker, then close", marks=SENDS_SIGKILL)])
+@pytest.mark.parametrize("end", ["close", "kill a worker, then close"])  # SIGKILL; TerminateProcess on Windows
 def test_the_resource_tracker_has_nothing_to_clean_up_at_exit(tmp_path, end):
     """Python's resource tracker warns at exit about segments it thinks leaked; it must find none,
     whether the workers removed their segments or the manager did for a killed worker."""
     script = tmp_path / "trainer.py"
     script.write_text(
         textwrap.dedent(f"""
-        import os, signal
+        import psutil
         from mlagents.trainers.settings import RunOptions
         from mlagents_plugin import SupervisedEnvManager
         from mlagents_plugin.testing import SimpleEnvironment, make_factory
@@ -202,7 +198,7 @@ def test_the_resource_tracker_has_nothing_to_clean_up_at_exit(tmp_path, end):
             for _ in range(300):
                 manager.get_steps()
             if {end!r} != "close":
-                os.kill(manager.worker_pids[1], signal.SIGKILL)
+                psutil.Process(manager.worker_pids[1]).kill()
                 for _ in range(50):
                     manager.get_steps()
             manager.close()
