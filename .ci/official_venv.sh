@@ -32,6 +32,7 @@ check_learn_starts() {
 
 echo "==> [1/7] Python 3.10 virtual environment $venv, made afresh"
 rm -rf "$venv"
+"$(dirname "$0")/free_space.sh" 6 "$(dirname "$venv")" "$venv (torch's CUDA build among it)"
 "$python" -m venv "$venv"
 "$pip" install --upgrade "pip>=23"
 

@@ -149,3 +149,19 @@ def test_the_entry_point_called_as_the_workflow_calls_it_runs_what_the_portable_
     tests = pytest_args[len(args) + 2:]
     assert "tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes" in tests
     assert all(test.startswith("tests/test_") for test in tests) and len(tests) == len(set(tests))
+
+
+def test_a_disk_without_room_for_the_venvs_is_said_at_once(tmp_path: Path):
+    """A CI run that found 12 GB free failed 28 minutes in, half-way into torch's CUDA build
+    ("No space left on device"): .ci/run and .ci/official_venv.sh now check before they start."""
+    script = str(REPO / ".ci" / "free_space.sh")
+    short = subprocess.run([script, "1000000", str(tmp_path), "make test"], capture_output=True, text=True,
+                           timeout=30)
+    assert short.returncode == 1, short
+    assert "make test needs about 1000000 GB free" in short.stderr
+    assert "Free some space" in short.stderr
+    enough = subprocess.run([script, "0", str(tmp_path), "make test"], capture_output=True, text=True, timeout=30)
+    assert enough.returncode == 0, enough
+    assert "GB free on the filesystem of" in enough.stdout
+    assert '.ci/free_space.sh "$need_gb" . "make test"' in (REPO / ".ci" / "run").read_text()
+    assert "free_space.sh" in (REPO / ".ci" / "official_venv.sh").read_text()
