@@ -23,13 +23,6 @@ from mlagents_plugin.core import wire
 from mlagents_plugin.core.errors import RemoteTraceback, WorkerDiedError
 from mlagents_plugin.core.settings import parse_section
 from mlagents_plugin.local import processes
-
-if sys.platform != "linux":  # the imports below, for the hardening tests, are Linux's alone
-    pytest.skip("imports the Linux hardening at module level (its own tests here need it): on macOS and "
-                "Windows this file runs once those imports move into those tests", allow_module_level=True)
-from mlagents_plugin.local.linux import die_with_parent
-from mlagents_plugin.local.linux.hardening import remove_segments
-from mlagents_plugin.local.linux.players import with_parent_death_signal
 from mlagents_plugin.player.build import make_build
 from mlagents_plugin.testing import (
     HangingEnvironment,
@@ -105,6 +98,8 @@ def test_a_base_exception_from_the_env_is_restarted_like_a_death(env_manager_fac
     step_until(manager, lambda: manager.restart_counts == {"died": 1} and 1 in manager.worker_pids)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows has no SIGTERM from outside: os.kill is "
+                    "TerminateProcess, a death by exit code (docs/platforms.md)")
 @pytest.mark.timeout(120)
 def test_sigterms_at_random_moments_never_corrupt_a_pipe(run_options, env_manager_factory):
     """The worker's SIGTERM handler never raises in the middle of a message (NOTE [ Worker
@@ -250,6 +245,8 @@ def kill_what_is_left(trainer: subprocess.Popen, pids=()) -> None:
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+    from mlagents_plugin.local.linux.hardening import remove_segments  # the hardening tests' alone: Linux
+
     processes.kill_processes(processes.find_tagged(processes.owner_prefix(trainer.pid)), 0.5)
     remove_segments(f"{wire.SEGMENT_PREFIX}{trainer.pid}_", ours=False)
 
@@ -291,6 +288,9 @@ def test_only_a_player_launched_from_the_main_thread_gets_a_parent_death_signal(
     """The signal fires when the thread that started the player ends (NOTE [ Players die with
     their worker ]): from another thread, which may end any time, the player starts as before.
     So does what mlagents-envs' own Popen must look up or refuse."""
+    from mlagents_plugin.local.linux import die_with_parent
+    from mlagents_plugin.local.linux.players import with_parent_death_signal
+
     build = str(make_build(str(tmp_path), "goal"))
     assert with_parent_death_signal([build, "--mlagents-port", "5005"]) == [
         sys.executable, "-I", "-S", die_with_parent.__file__, str(os.getpid()), build, "--mlagents-port", "5005",
@@ -310,6 +310,8 @@ def test_only_a_player_launched_from_the_main_thread_gets_a_parent_death_signal(
 def test_the_wrapper_starts_nothing_if_its_launcher_died_before_the_signal_was_set():
     """die_with_parent.py finds another parent than the launcher it was told of (as after the
     launcher's death, when it is re-parented): no signal would come, so it starts nothing."""
+    from mlagents_plugin.local.linux import die_with_parent
+
     wrapper = [sys.executable, "-I", "-S", die_with_parent.__file__]
     ran = subprocess.run([*wrapper, str(os.getpid()), "/bin/echo", "started"], capture_output=True, text=True)
     assert (ran.returncode, ran.stdout) == (0, "started\n")
