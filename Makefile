@@ -21,6 +21,7 @@ SOURCES := setup.py $(shell find mlagents_plugin config -type f -not -path '*/__
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 # The ML-Agents 1.0.0 leg: what touches ML-Agents (docs/platforms.md has the table).
 MLAGENTS_100_TESTS := tests/test_compat.py tests/test_contract.py tests/test_cli.py tests/test_dropin.py \
+	tests/test_lifecycle.py tests/test_restart.py \
 	tests/test_real_faults_learn.py tests/test_network.py tests/test_trainers.py \
 	tests/test_e2e_player.py::test_a_crashed_build_is_restarted_and_training_finishes \
 	tests/test_e2e_player.py::test_ppo_fast_trains_through_a_crash_and_exports_what_ppo_exports

@@ -678,11 +678,19 @@ def test_an_interrupt_handled_before_the_manager_was_built_is_not_raised_again(h
 def test_a_taken_editor_port_is_not_moved_and_says_why():
     """mlagents-learn without --env waits for the Editor on its one port: a worker moved to
     another worker id would fail with mlagents-envs' "the worker-id must be 0"."""
+    import inspect
+
     from mlagents.trainers.learn import create_environment_factory
 
     taken = lambda worker_id, incarnation: Behavior(fault=("port", 0))
     backend = []
-    editor = create_environment_factory(None, True, True, 0, 1, 60, 5005, [], None)
+    # ML-Agents 1.1.0 added no_graphics_monitor; 1.0.0 has the rest under the same names
+    monitor = {"no_graphics_monitor": True} if "no_graphics_monitor" in inspect.signature(
+        create_environment_factory).parameters else {}
+    editor = create_environment_factory(
+        env_path=None, no_graphics=True, seed=0, num_areas=1, timeout_wait=60, start_port=5005, env_args=[],
+        log_folder=None, **monitor,
+    )
     clock = FakeClock()
     manager = SupervisedManagerBase(
         editor, RunOptions(), 1, EnvManagerSettings(),
