@@ -162,7 +162,8 @@ class FakeBackend(Backend):
         # Raised by release() or close() when set: a backend that fails while closing.
         self.release_error: Optional[Exception] = None
         self.close_error: Optional[Exception] = None
-        # A real SIGINT (Ctrl-C) at the start of the n-th call of a method: {"launch": 2}
+        # A real SIGINT (Ctrl-C) at the start of the n-th call of a method: {"launch": 2}; "message":
+        # before the n-th message that deliver writes (between two pipe writes)
         self.interrupt_at: Dict[str, int] = {}
         self._calls: Dict[str, int] = {}
         self.closes: List[bool] = []  # each close(interrupted)'s argument
@@ -191,6 +192,7 @@ class FakeBackend(Backend):
 
     def deliver(self, messages: Sequence[Message]) -> None:
         for worker_ref, command, data in messages:
+            self._maybe_interrupted("message")
             assert unpack_request(data).cmd is command
             self.deliveries.append((worker_ref.worker_id, command, self.clock.now))
             worker = self.workers.get(worker_ref.worker_id)

@@ -458,12 +458,72 @@ def test_what_a_pump_handled_before_a_ctrl_c_is_not_lost(harness):
     handled whole ])."""
     h = harness(behave(w0=Behavior(fault=("die", 3))), restart_backoff_s=0.0)
     h.backend.interrupt_at = {"launch": 3}  # the restart of worker 0
-    h.manager.reset()
+    h.manager.reset({"gravity": 2.0})
     with pytest.raises(KeyboardInterrupt):
         h.step_until(lambda: False)
     sent_to_1 = [w for w, c, _ in h.backend.deliveries if c is EnvironmentCommand.STEP].count(1)
     assert [s.worker_id for s in h.manager.get_steps()] == [1]
     assert [w for w, c, _ in h.backend.deliveries if c is EnvironmentCommand.STEP].count(1) == sent_to_1
+    # the Ctrl-C was held until the restarted worker had its env parameters and its RESET too
+    # (raised at the launch's end, it once left worker 0 IDLE and never reset: alone, a hang)
+    relaunched = h.launch_times(0)[-1]
+    assert [c for w, c, t in h.backend.deliveries if w == 0 and t >= relaunched][:2] == [
+        EnvironmentCommand.ENVIRONMENT_PARAMETERS, EnvironmentCommand.RESET,
+    ]
+
+
+def test_a_ctrl_c_while_a_failure_is_handled_drops_no_reply_of_the_same_wait(harness):
+    """Worker 0's death and worker 1's step come in one wait, and the Ctrl-C while worker 0 is
+    released: worker 1's step, already read, is handled before the Ctrl-C is raised (it once
+    stayed awaited, and worker 1 was declared hung step_timeout_s later)."""
+    h = harness(behave(w0=Behavior(fault=("die", 3))), restart_backoff_s=0.0, step_timeout_s=5.0)
+    h.backend.interrupt_at = {"release": 1}
+    h.manager.reset()
+    with pytest.raises(KeyboardInterrupt):
+        h.step_until(lambda: False)
+    assert {e.worker_id for e in h.backend.batches[-1]} == {0, 1}  # one wait
+    assert 1 in h.manager.stepper.completed_workers()
+    start = h.clock.now
+    while h.clock.now < start + 12.0:
+        h.manager.get_steps()
+    assert h.backend.released == [(0, 0, Reason.CLOSE)]  # worker 1: never released as hung
+
+
+def test_a_ctrl_c_between_two_deliveries_sends_the_rest(harness):
+    """A Ctrl-C after the first of two STEPs is written: the second is written too before it is
+    raised (it was once taken out of the outbox and lost, its worker waiting for it until
+    declared hung)."""
+    h = harness(n_env=2, step_timeout_s=5.0)
+    h.manager.reset()
+    h.backend.interrupt_at = {"message": h.backend._calls.get("message", 0) + 2}
+    with pytest.raises(KeyboardInterrupt):
+        h.manager.get_steps()  # STEP to workers 0 and 1, in one flush
+    steps = [(w, c) for w, c, _ in h.backend.deliveries if c is EnvironmentCommand.STEP]
+    assert sorted(steps) == [(0, EnvironmentCommand.STEP), (1, EnvironmentCommand.STEP)]
+    start = h.clock.now
+    while h.clock.now < start + 12.0:
+        h.manager.get_steps()
+    assert h.backend.released == []
+
+
+def test_a_reset_with_new_parameters_while_a_worker_restarts_resets_it_under_them(harness):
+    """A lesson change (reset with new env parameters) while a restarted worker's RESET is still
+    queued: that RESET lands first and is dropped, then the worker gets the new parameters and a
+    RESET, as upstream orders them (the queued RESET once counted, under the old parameters)."""
+
+    def script(worker_id, incarnation):
+        if (worker_id, incarnation) == (1, 0):
+            return Behavior(fault=("die", 2))
+        return Behavior(startup_s=5.0) if worker_id == 1 else Behavior()
+
+    h = harness(script, restart_backoff_s=0.0, startup_timeout_s=60.0)
+    h.manager.reset({"gravity": 1.0})
+    h.step_until(lambda: h.manager.workers[1].incarnation == 1)
+    assert h.manager.workers[1].awaiting is EnvironmentCommand.RESET
+    relaunched = h.launch_times(1)[-1]
+    h.manager.reset({"gravity": 3.0})
+    to_1 = [c for w, c, t in h.backend.deliveries if w == 1 and t >= relaunched]
+    assert to_1 == [EnvironmentCommand.ENVIRONMENT_PARAMETERS, EnvironmentCommand.RESET] * 2
 
 
 @pytest.mark.parametrize("method, n", [("release", 1), ("release", 2), ("close", 1)])

@@ -103,8 +103,10 @@ class SupervisedManagerBase(EnvManager):
 
     def _reset_env(self, config: Optional[Dict] = None) -> List[EnvironmentStep]:
         signals.raise_if_lost(self._interrupts_before)
-        # Steps in flight belong to the episodes being reset: let them land, then drop them.
-        self._pump_until(lambda: all(w.awaiting is not EnvironmentCommand.STEP for w in self.workers))
+        # Steps in flight belong to the episodes being reset: let them land, then drop them. So
+        # do a restarted worker's queued RESET, sent before these parameters (upstream, too,
+        # answers what is outstanding first, then sends every worker the parameters and a RESET).
+        self._pump_until(lambda: all(w.awaiting is None for w in self.workers))
         self.stepper.drop_completed()
         self.env_parameters = config
         self.supervisor.set_parameters(worker_inputs.parameter_calls(config))
@@ -179,10 +181,11 @@ class SupervisedManagerBase(EnvManager):
         try:
             self.supervisor.pump(pumped, limit_s)
         finally:  # also when an interrupt ended it: what it handled is not lost
-            self.stepper.landed(pumped.landed)  # a released worker's came before its release
-            for worker_id in pumped.released:
-                self.stepper.forget(worker_id)
-                compat.drop_worker_trajectories(self.agent_managers, worker_id)
+            with signals.deferred():  # nor half routed
+                self.stepper.landed(pumped.landed)  # a released worker's came before its release
+                for worker_id in pumped.released:
+                    self.stepper.forget(worker_id)
+                    compat.drop_worker_trajectories(self.agent_managers, worker_id)
         if pumped.failures:
             raise pumped.failures[0]
 

@@ -15,9 +15,11 @@
 # and a signal ignored from the start stays ignored (``nohup mlagents-learn ...``: SIGHUP).
 #
 # A stop signal is held (``deferred``) while the manager starts a worker or hands one to the
-# shutdown ladder, and while the ladder takes a step: an interrupt in the middle would leave a
-# process nobody knows of, or a slot half released ("KeyError" from close()). It is raised as
-# soon as the block ends, a few milliseconds later.
+# shutdown ladder, while the ladder takes a step, while it handles what a wait brought (NOTE [ A
+# wait is handled whole ]) and while it delivers what it sent: an interrupt in the middle would
+# leave a process nobody knows of, a slot half released ("KeyError" from close()), a reply read
+# and dropped, or a request taken out of the outbox and never sent. It is raised as soon as the
+# block ends, a few milliseconds later. The waits themselves are not held: a Ctrl-C ends one at once.
 #
 # A KeyboardInterrupt can be lost: raised while a finalizer runs (a ``__del__``, a weakref
 # callback: shared memory that is let go of, a generator closed by the collector), Python prints

@@ -17,7 +17,7 @@ from mlagents_envs.base_env import BehaviorName, BehaviorSpec, DecisionSteps, Te
 from mlagents_envs.timers import hierarchical_timer
 
 from mlagents_plugin.core import signals
-from mlagents_plugin.core.backend import Backend, Message, Placed, Reply, WorkerRef, WorkerTimers
+from mlagents_plugin.core.backend import Backend, Event, Message, Placed, Reply, WorkerRef, WorkerTimers
 from mlagents_plugin.core.errors import (
     AllWorkersFailedError,
     ManagerClosedError,
@@ -173,8 +173,9 @@ class Supervisor:
     def flush(self) -> None:
         """Deliver what was sent since the last flush (Backend.deliver: one call per Ray actor;
         also when nothing was, so that a Ray host sends what waited for its call in flight)."""
-        outbox, self._outbox = self._outbox, []
-        self.backend.deliver(outbox)
+        with signals.deferred():  # NOTE [ Trainer signals ]: what is taken out is delivered
+            outbox, self._outbox = self._outbox, []
+            self.backend.deliver(outbox)
 
     def _send(self, slot: Slot, cmd: EnvironmentCommand, payload: Any = None) -> None:
         slot.sent(cmd)
@@ -205,8 +206,9 @@ class Supervisor:
     def pump(self, pumped: Pumped, limit_s: float = MAX_WAIT_S) -> None:
         """Deliver what was sent, wait once (at most ``limit_s``) for replies, deaths and
         deadlines, and handle every one of them into ``pumped`` (NOTE [ A wait is handled
-        whole ]): the caller's, so that what was handled stays handled if an interrupt ends the
-        pump half-way. What a restart sends is delivered before it returns."""
+        whole ]): the caller's, so that what was handled stays handled. An interrupt ends the
+        wait at once; once the wait has returned, it is held until what it brought is handled and
+        what a restart sends is delivered."""
         self.check_usable()
         self.flush()
         self.watched.entered()
@@ -214,27 +216,31 @@ class Supervisor:
             bound_s, started = min(limit_s, self._time_to_next_deadline()), self._clock()
             events = self.backend.wait(bound_s)
             self.watched.waited(bound_s, started)
-            for event in events:
-                if isinstance(event, WorkerTimers):
-                    merge_worker_timers(event.timer_root)
-                    continue
-                slot = self._slots[event.worker_id]
-                if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
-                    if isinstance(event, Reply):
-                        self._handle(slot, event, pumped)
-                    elif isinstance(event, Placed):
-                        slot.placed(event.placement)
-                    else:
-                        self._fail(slot, event.error, pumped)
-            self.backend.advance()
-            self._check_deadlines(pumped)
-            self._start_due_restarts()
-            self.flush()
-            if CHECK_INVARIANTS:
-                for slot in self._slots:
-                    slot.check()
+            with signals.deferred():
+                self._handle_wait(events, pumped)
         finally:
             self.watched.left()
+
+    def _handle_wait(self, events: List[Event], pumped: Pumped) -> None:
+        for event in events:
+            if isinstance(event, WorkerTimers):
+                merge_worker_timers(event.timer_root)
+                continue
+            slot = self._slots[event.worker_id]
+            if slot.live and slot.incarnation == event.incarnation:  # else: from a replaced one
+                if isinstance(event, Reply):
+                    self._handle(slot, event, pumped)
+                elif isinstance(event, Placed):
+                    slot.placed(event.placement)
+                else:
+                    self._fail(slot, event.error, pumped)
+        self.backend.advance()
+        self._check_deadlines(pumped)
+        self._start_due_restarts()
+        self.flush()
+        if CHECK_INVARIANTS:
+            for slot in self._slots:
+                slot.check()
 
     def _time_to_next_deadline(self) -> float:
         watched_now, now = self.watched.now(), self._clock()
@@ -303,21 +309,21 @@ class Supervisor:
         restart policy decides (a failure for good goes into ``pumped.failures``).
 
         Only this worker restarts; the others keep stepping. What it sent is void (the caller
-        drops its steps not yet returned, and its partial trajectories). Released and moved on as
-        one step (NOTE [ Trainer signals ]: an interrupt between the two would leave a live slot
-        whose process the backend no longer has).
+        drops its steps not yet returned, and its partial trajectories). Called only while the
+        pump holds the stop signals, so it is released and moved on as one step (NOTE [ Trainer
+        signals ]: an interrupt between the two would leave a live slot whose process the
+        backend no longer has).
         """
-        with signals.deferred():
-            self._release(slot, reason)
-            pumped.released.append(slot.worker_id)
-            decision = self._restarts.decide(
-                slot.worker_id,
-                exc,
-                env_worker_id=slot.env_worker_id,
-                ever_started=slot.ever_started,
-                port_holder=self.backend.port_holder,
-            )
-            self._carry_out(slot, exc, decision, pumped)
+        self._release(slot, reason)
+        pumped.released.append(slot.worker_id)
+        decision = self._restarts.decide(
+            slot.worker_id,
+            exc,
+            env_worker_id=slot.env_worker_id,
+            ever_started=slot.ever_started,
+            port_holder=self.backend.port_holder,
+        )
+        self._carry_out(slot, exc, decision, pumped)
 
     def _carry_out(self, slot: Slot, exc: BaseException, decision: Decision, pumped: Pumped) -> None:
         worker_id = slot.worker_id
@@ -465,11 +471,13 @@ def merge_worker_timers(timer_root: Any) -> None:
 
 # NOTE [ A wait is handled whole ]
 # One wait returns every event that is ready: replies, deaths, a worker's last words. Reading an
-# event consumes its bytes from the pipe, so an event left unhandled is lost: had a failure been
-# raised in the middle of the batch, a sibling's reply read in the same wait would be dropped,
-# its slot left BUSY, and that worker declared hung step_timeout_s later (the manager promises to
-# stay usable after one worker fails for good). So ``pump`` handles the whole wait, deadlines and
-# restarts included, and returns what it brought as a value (``Pumped``): the steps that landed,
+# event consumes its bytes from the pipe, so an event left unhandled is lost: had a failure, or a
+# Ctrl-C, been raised in the middle of the batch, a sibling's reply read in the same wait would be
+# dropped, its slot left BUSY, and that worker declared hung step_timeout_s later (the manager
+# promises to stay usable after one worker fails for good). So ``pump`` handles the whole wait,
+# deadlines and restarts included, with the stop signals held (a restarted worker gets its env
+# parameters and its RESET with its launch, or it would start with neither), and returns what it
+# brought as a value (``Pumped``): the steps that landed,
 # the workers whose incarnation failed, the failures for the trainer. The manager keeps the steps,
 # returned by the next ``get_steps`` before any new request goes out, and raises the first
 # failure (the others' are logged, their slots FAILED). CPython's process pool returns failures
