@@ -131,6 +131,31 @@ def test_removed_node_has_its_actors_recreated_on_the_survivor(ray_cluster, ray_
 
 
 @pytest.mark.timeout(180)
+def test_a_trainer_busy_past_the_call_bound_reads_what_its_far_actor_answered(ray_cluster, ray_manager):
+    """The trainer is in a long update while an actor on another node answers with a report too
+    big to travel inline (Ray keeps it in that node's object store). Its next wait is bounded at 0
+    s, as the exchange is overdue: the finished call is read (fetched then), not taken for a
+    wedged actor and killed with its envs (NOTE [ Answered is not fetched ])."""
+    node = ray_cluster.add_node(num_cpus=2, resources={"far": 1})
+    try:
+        manager = ray_manager(
+            make_factory(SimpleEnvironment, vector_size=60000), 1, shutdown_timeout_s=0.5, kill_grace_s=0.5,
+            restart_backoff_s=0.0, ray={"num_cpus_per_worker": 1, "resources": {"far": 1}},
+        )
+        manager.reset()
+        manager.get_steps()
+        assert manager.placements[0].node_id == node.node_id
+        manager.stepper.send_actions()  # the next STEP's exchange is out: the actor answers it ...
+        time.sleep(1.0 + 0.5 + 0.5 + 5.0 + 1.0)  # ... during the update, past the exchange's bound
+        for _ in range(5):
+            manager.get_steps()
+        assert manager.restart_counts == {}
+        manager.close()
+    finally:
+        ray_cluster.cluster.remove_node(node)
+
+
+@pytest.mark.timeout(180)
 def test_player_build_runs_on_the_actors_node(ray_manager, tmp_path):
     """Stock mlagents-learn's env factory on a player build, two workers on distinct ports."""
     make_build(str(tmp_path), "goal")

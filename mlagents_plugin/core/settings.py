@@ -104,11 +104,13 @@ class RaySettings:
         converter=_float,
         validator=_expect("a number, 0 or more", lambda v: _number(v) and v >= 0),
     )
+    # Custom resources only: Ray refuses CPU and GPU here (num_cpus_per_worker asks for CPUs).
     resources: Dict[str, float] = attr.ib(
         factory=dict,
         validator=_expect(
-            "a mapping of resource names to numbers",
-            lambda v: isinstance(v, dict) and all(isinstance(k, str) and _number(n) for k, n in v.items()),
+            "a mapping of custom resource names to numbers (not CPU or GPU: num_cpus_per_worker asks for CPUs)",
+            lambda v: isinstance(v, dict)
+            and all(isinstance(k, str) and k not in ("CPU", "GPU") and _number(n) for k, n in v.items()),
         ),
     )
     runtime_env: Optional[Dict[str, Any]] = attr.ib(

@@ -82,6 +82,15 @@ CLOSE_SLACK_S = 5.0
 # one place (``RayBackend._answer``), where a failed call (a ``RayError``) becomes its envs' deaths.
 CALL_WAIT_S = 1.0
 POLL_WAIT_S = 0.1
+
+# NOTE [ Answered is not fetched ]
+# A call has answered once its actor returned, wherever its result is. A result too big to travel
+# inline (a report of k envs' observations over Ray's 100 KiB) stays in the object store of the
+# actor's node, and ``ray.wait`` with its default ``fetch_local=True`` counts it ready only once it
+# has been copied to the trainer's node: with ``timeout=0`` (a pump whose deadline has passed)
+# never. After a trainer update longer than an exchange's bound, a finished call on another node
+# was then taken for a wedged actor, which was killed with its envs. So every wait asks whether a
+# call has answered (``fetch_local=False``), and ``_answer`` fetches its result, bounded.
 ANSWERS = (EnvironmentCommand.READY, *WITH_REPLY)  # each pays off one reply an env owes
 
 
@@ -151,14 +160,18 @@ class RayBackend(Backend):
             num_cpus=math.ceil(max(os.cpu_count() or 1, n_hosts * ray_settings.num_cpus_per_worker)),
             resources={k: v * n_hosts for k, v in ray_settings.resources.items()},
         )  # NOTE [ Sharing Ray in one process ]
-        self._actor_class = ray.remote(EnvHostActor).options(
-            num_cpus=ray_settings.num_cpus_per_worker,
-            resources=dict(ray_settings.resources),
-            runtime_env=ray_settings.runtime_env,
-            scheduling_strategy=ray_settings.scheduling_strategy,
-            max_restarts=0,  # restarts are the manager's, under its policy
-            max_task_retries=0,
-        )
+        try:
+            self._actor_class = ray.remote(EnvHostActor).options(
+                num_cpus=ray_settings.num_cpus_per_worker,
+                resources=dict(ray_settings.resources),
+                runtime_env=ray_settings.runtime_env,
+                scheduling_strategy=ray_settings.scheduling_strategy,
+                max_restarts=0,  # restarts are the manager's, under its policy
+                max_task_retries=0,
+            )
+        except BaseException:  # no backend, so nobody would close it: let go of Ray now
+            self._leave_ray()
+            raise
 
     @property
     def hosts(self) -> List[HostView]:  # read-only, for tests and tools
@@ -276,7 +289,10 @@ class RayBackend(Backend):
             kill_grace_s = self._settings.kill_grace_s
             deadline = self._clock() + self._call_bound_s + 2 * kill_grace_s + CLOSE_SLACK_S
             while closing:
-                ready, _ = ray.wait(list(closing), num_returns=len(closing), timeout=max(0.0, deadline - self._clock()))
+                ready, _ = ray.wait(
+                    list(closing), num_returns=len(closing), timeout=max(0.0, deadline - self._clock()),
+                    fetch_local=False,
+                )
                 for ref in ready:
                     self._closed(closing.pop(ref), ref)
                 if self._clock() >= deadline:
@@ -320,7 +336,7 @@ class RayBackend(Backend):
         for index in range(len(self._hosts)):
             self._call_if_due(index)
         if not self._events and self._calls:
-            ready, rest = ray.wait(list(self._calls), num_returns=1, timeout=timeout)
+            ready, rest = ray.wait(list(self._calls), num_returns=1, timeout=timeout, fetch_local=False)
             if ready:
                 self._answer(ready[0])
                 self._read(rest, 0.0)
@@ -332,7 +348,7 @@ class RayBackend(Backend):
     def _read(self, refs: List[Any], timeout: float) -> None:
         """Read the answers of ``refs`` that are in within ``timeout``."""
         if refs:
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
             for ref in done:
                 self._answer(ref)
 
@@ -345,9 +361,9 @@ class RayBackend(Backend):
         host = self._hosts[call.host]
         if host.call is not None and host.call == ref:
             host.call = None
-        try:
-            report: Optional[HostReport] = ray.get(ref)
-        except RayError as e:
+        try:  # fetched now if it is on another node (NOTE [ Answered is not fetched ])
+            report: Optional[HostReport] = ray.get(ref, timeout=self._call_bound_s)
+        except RayError as e:  # GetTimeoutError too: a fetch that never ends is a lost node
             if host.actor is call.actor:
                 what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
                 ray_says = (str(e).strip().splitlines() or [type(e).__name__])[0]
