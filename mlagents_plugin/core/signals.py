@@ -14,12 +14,14 @@
 # only over Python's defaults, so a program that handles these signals itself keeps its handlers,
 # and a signal ignored from the start stays ignored (``nohup mlagents-learn ...``: SIGHUP).
 #
-# A stop signal is held (``deferred``) while the manager starts a worker or hands one to the
-# shutdown ladder, while the ladder takes a step, while it handles what a wait brought (NOTE [ A
-# wait is handled whole ]) and while it delivers what it sent: an interrupt in the middle would
-# leave a process nobody knows of, a slot half released ("KeyError" from close()), a reply read
-# and dropped, or a request taken out of the outbox and never sent. It is raised as soon as the
-# block ends, a few milliseconds later. The waits themselves are not held: a Ctrl-C ends one at once.
+# A stop signal is held (``deferred``) while the manager starts a worker (a restart: with its env
+# parameters and RESET) or hands one to the shutdown ladder, while the ladder takes a step, while
+# it handles what a wait brought (NOTE [ A wait is handled whole ]) and while it delivers what it
+# sent: an interrupt in the middle would leave a process nobody knows of, a slot half released
+# ("KeyError" from close()), a reply read and dropped, or a request taken out of the outbox and
+# never sent. It is raised as soon as the block ends, a few milliseconds later (a write to a worker
+# that does not read, stopped by SIGSTOP with a request over the pipe's 64 KiB waiting, holds it
+# until the worker goes on). The waits themselves are not held: a Ctrl-C ends one at once.
 #
 # A KeyboardInterrupt can be lost: raised while a finalizer runs (a ``__del__``, a weakref
 # callback: shared memory that is let go of, a generator closed by the collector), Python prints
@@ -112,9 +114,9 @@ def deferred() -> Iterator[None]:
             signal.signal(signal.SIGINT, _interrupt)  # holds while _held is set
         yield
     finally:
+        _held = None  # first: a SIGINT now is our handler's, not held (and never leaves _held set)
         if pythons:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        _held = None
         if held and pythons:
             raise KeyboardInterrupt
         for signum in held[:-1]:  # each one counts (a second Ctrl-C is a second one) ...

@@ -207,21 +207,28 @@ class Supervisor:
         """Deliver what was sent, wait once (at most ``limit_s``) for replies, deaths and
         deadlines, and handle every one of them into ``pumped`` (NOTE [ A wait is handled
         whole ]): the caller's, so that what was handled stays handled. An interrupt ends the
-        wait at once; once the wait has returned, it is held until what it brought is handled and
-        what a restart sends is delivered."""
+        wait at once; what the wait returned is handled before it is raised, and so is each
+        failure and each restart (NOTE [ Trainer signals ])."""
         self.check_usable()
         self.flush()
         self.watched.entered()
         try:
             bound_s, started = min(limit_s, self._time_to_next_deadline()), self._clock()
             events = self.backend.wait(bound_s)
-            self.watched.waited(bound_s, started)
             with signals.deferred():
-                self._handle_wait(events, pumped)
+                self.watched.waited(bound_s, started)
+                self._handle_events(events, pumped)
+            self.backend.advance()
+            self._check_deadlines(pumped)
+            self._start_due_restarts()
+            self.flush()
+            if CHECK_INVARIANTS:
+                for slot in self._slots:
+                    slot.check()
         finally:
             self.watched.left()
 
-    def _handle_wait(self, events: List[Event], pumped: Pumped) -> None:
+    def _handle_events(self, events: List[Event], pumped: Pumped) -> None:
         for event in events:
             if isinstance(event, WorkerTimers):
                 merge_worker_timers(event.timer_root)
@@ -234,13 +241,6 @@ class Supervisor:
                     slot.placed(event.placement)
                 else:
                     self._fail(slot, event.error, pumped)
-        self.backend.advance()
-        self._check_deadlines(pumped)
-        self._start_due_restarts()
-        self.flush()
-        if CHECK_INVARIANTS:
-            for slot in self._slots:
-                slot.check()
 
     def _time_to_next_deadline(self) -> float:
         watched_now, now = self.watched.now(), self._clock()
@@ -309,21 +309,21 @@ class Supervisor:
         restart policy decides (a failure for good goes into ``pumped.failures``).
 
         Only this worker restarts; the others keep stepping. What it sent is void (the caller
-        drops its steps not yet returned, and its partial trajectories). Called only while the
-        pump holds the stop signals, so it is released and moved on as one step (NOTE [ Trainer
-        signals ]: an interrupt between the two would leave a live slot whose process the
-        backend no longer has).
+        drops its steps not yet returned, and its partial trajectories). Released and moved on as
+        one step (NOTE [ Trainer signals ]: an interrupt between the two would leave a live slot
+        whose process the backend no longer has).
         """
-        self._release(slot, reason)
-        pumped.released.append(slot.worker_id)
-        decision = self._restarts.decide(
-            slot.worker_id,
-            exc,
-            env_worker_id=slot.env_worker_id,
-            ever_started=slot.ever_started,
-            port_holder=self.backend.port_holder,
-        )
-        self._carry_out(slot, exc, decision, pumped)
+        with signals.deferred():
+            self._release(slot, reason)
+            pumped.released.append(slot.worker_id)
+            decision = self._restarts.decide(
+                slot.worker_id,
+                exc,
+                env_worker_id=slot.env_worker_id,
+                ever_started=slot.ever_started,
+                port_holder=self.backend.port_holder,
+            )
+            self._carry_out(slot, exc, decision, pumped)
 
     def _carry_out(self, slot: Slot, exc: BaseException, decision: Decision, pumped: Pumped) -> None:
         worker_id = slot.worker_id
@@ -358,10 +358,11 @@ class Supervisor:
                 and now >= slot.restart_at
                 and not self.backend.departing(slot.worker_id)  # one incarnation at a time
             ):
-                self._launch(slot)
-                if self._parameter_calls:
-                    self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
-                self.request(slot.worker_id, EnvironmentCommand.RESET)
+                with signals.deferred():  # launched with its parameters and RESET, or not at all
+                    self._launch(slot)
+                    if self._parameter_calls:
+                        self._send(slot, EnvironmentCommand.ENVIRONMENT_PARAMETERS, self._parameter_calls)
+                    self.request(slot.worker_id, EnvironmentCommand.RESET)
 
     # ------------------------------------------------------------------ worker lifecycle
 
@@ -474,10 +475,10 @@ def merge_worker_timers(timer_root: Any) -> None:
 # event consumes its bytes from the pipe, so an event left unhandled is lost: had a failure, or a
 # Ctrl-C, been raised in the middle of the batch, a sibling's reply read in the same wait would be
 # dropped, its slot left BUSY, and that worker declared hung step_timeout_s later (the manager
-# promises to stay usable after one worker fails for good). So ``pump`` handles the whole wait,
-# deadlines and restarts included, with the stop signals held (a restarted worker gets its env
-# parameters and its RESET with its launch, or it would start with neither), and returns what it
-# brought as a value (``Pumped``): the steps that landed,
+# promises to stay usable after one worker fails for good). So ``pump`` handles the whole wait
+# with the stop signals held, then its deadlines and due restarts (each failure and each restart,
+# launch, env parameters and RESET, as one step: a worker restarted without them would start
+# with neither), and returns what it brought as a value (``Pumped``): the steps that landed,
 # the workers whose incarnation failed, the failures for the trainer. The manager keeps the steps,
 # returned by the next ``get_steps`` before any new request goes out, and raises the first
 # failure (the others' are logged, their slots FAILED). CPython's process pool returns failures
