@@ -19,9 +19,11 @@ from mlagents.trainers.learn import create_environment_factory
 from mlagents.trainers.settings import RunOptions
 
 from mlagents_plugin.core.errors import WorkerDiedError
+from mlagents_plugin.core.protocol import EnvironmentCommand
 from mlagents_plugin.core.settings import EnvManagerSettings
 from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.player.build import make_build
+from mlagents_plugin.ray.backend import CALL_WAIT_S, CLOSE_SLACK_S
 from mlagents_plugin.ray.manager import RayEnvManager
 from mlagents_plugin.testing import (
     HangingEnvironment,
@@ -143,10 +145,11 @@ def test_a_trainer_busy_past_the_call_bound_reads_what_its_far_actor_answered(ra
             restart_backoff_s=0.0, ray={"num_cpus_per_worker": 1, "resources": {"far": 1}},
         )
         manager.reset()
-        manager.get_steps()
+        manager.get_steps()  # (early actions: the next STEP went as this one landed)
+        manager.stepper.send_actions()  # (else now)
         assert manager.placements[0].node_id == node.node_id
-        manager.stepper.send_actions()  # the next STEP's exchange is out: the actor answers it ...
-        time.sleep(1.0 + 0.5 + 0.5 + 5.0 + 1.0)  # ... during the update, past the exchange's bound
+        assert manager.workers[0].awaiting is EnvironmentCommand.STEP  # its exchange is out ...
+        time.sleep(CALL_WAIT_S + 0.5 + 0.5 + CLOSE_SLACK_S + 1.0)  # ... the update: past its bound
         for _ in range(5):
             manager.get_steps()
         assert manager.restart_counts == {}

@@ -97,8 +97,9 @@ def test_ray_section_is_parsed_strictly():
     with pytest.raises(TrainerConfigError, match=r"env_manager.ray: unknown setting 'num_cpus'"):
         parse_section({"backend": "ray", "ray": {"num_cpus": 1}})
     # Ray's actor options refuse them, once Ray is up: refused here, before anything starts
-    with pytest.raises(TrainerConfigError, match=r"env_manager.ray.resources: .*not CPU or GPU"):
-        parse_section({"backend": "ray", "ray": {"resources": {"CPU": 1}}})
+    for reserved in ("CPU", "GPU", "memory", "object_store_memory", "bundle"):
+        with pytest.raises(TrainerConfigError, match=r"env_manager.ray.resources: .*not Ray's own: CPU, GPU"):
+            parse_section({"backend": "ray", "ray": {"resources": {reserved: 1}}})
     with pytest.raises(TrainerConfigError, match="env_manager.backend: expected one of subprocess, ray, got 'k8s'"):
         parse_section({"backend": "k8s"})
 

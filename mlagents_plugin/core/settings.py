@@ -90,6 +90,10 @@ def _one_of(choices: Tuple[str, ...]) -> Validator:
     return _expect(f"one of {', '.join(choices)}", lambda v: isinstance(v, str) and v in choices)
 
 
+# What Ray's actor options refuse in ``resources`` (ray/_common/utils.py, Ray 2.60).
+RAY_RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory", "bundle")
+
+
 @attr.s(auto_attribs=True, frozen=True)
 class RaySettings:
     """``env_manager.ray``: where and how env workers run as Ray actors (docs/ray.md)."""
@@ -104,13 +108,14 @@ class RaySettings:
         converter=_float,
         validator=_expect("a number, 0 or more", lambda v: _number(v) and v >= 0),
     )
-    # Custom resources only: Ray refuses CPU and GPU here (num_cpus_per_worker asks for CPUs).
+    # Custom resources only: Ray refuses its own here (num_cpus_per_worker asks for CPUs).
     resources: Dict[str, float] = attr.ib(
         factory=dict,
         validator=_expect(
-            "a mapping of custom resource names to numbers (not CPU or GPU: num_cpus_per_worker asks for CPUs)",
+            "a mapping of custom resource names to numbers (not Ray's own: "
+            + ", ".join(RAY_RESERVED_RESOURCES) + "; num_cpus_per_worker asks for CPUs)",
             lambda v: isinstance(v, dict)
-            and all(isinstance(k, str) and k not in ("CPU", "GPU") and _number(n) for k, n in v.items()),
+            and all(isinstance(k, str) and k not in RAY_RESERVED_RESOURCES and _number(n) for k, n in v.items()),
         ),
     )
     runtime_env: Optional[Dict[str, Any]] = attr.ib(

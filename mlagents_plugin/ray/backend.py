@@ -158,7 +158,7 @@ class RayBackend(Backend):
         self._leave_ray = ray_local.connect(
             ray_settings.address,
             num_cpus=math.ceil(max(os.cpu_count() or 1, n_hosts * ray_settings.num_cpus_per_worker)),
-            resources={k: v * n_hosts for k, v in ray_settings.resources.items()},
+            resources={k: math.ceil(v * n_hosts) for k, v in ray_settings.resources.items()},  # Ray: whole
         )  # NOTE [ Sharing Ray in one process ]
         try:
             self._actor_class = ray.remote(EnvHostActor).options(
@@ -356,28 +356,36 @@ class RayBackend(Backend):
         """Read a call's answer: the one place where a ``RayError`` becomes events. A report
         becomes its host's events; a failed call is the loss of the host's actor, and so the
         death of its envs. The answer of an actor the host no longer has is dropped: its envs'
-        deaths were reported when it was let go of."""
-        call = self._calls.pop(ref)
-        host = self._hosts[call.host]
-        if host.call is not None and host.call == ref:
-            host.call = None
+        deaths were reported when it was let go of (so it is not even fetched). The call stays
+        out until its answer is read: an interrupt during the fetch leaves it for the next wait."""
+        call = self._calls[ref]
+        if self._hosts[call.host].actor is not call.actor:
+            self._read_off(ref)
+            return
         try:  # fetched now if it is on another node (NOTE [ Answered is not fetched ])
             report: Optional[HostReport] = ray.get(ref, timeout=self._call_bound_s)
         except RayError as e:  # GetTimeoutError too: a fetch that never ends is a lost node
-            if host.actor is call.actor:
-                what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
-                ray_says = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                self._lose_host(
-                    call.host,
-                    lambda env: (
-                        f"{env.ref.label}: its Ray actor {what} (last command: {command_name(env.ref.last_command)}); "
-                        f"the node may have been lost. Ray says: {ray_says}"
-                    ),
-                    f"was lost with its actor ({ray_says})",
-                )
+            self._read_off(ref)
+            what = "died" if isinstance(e, RayActorError) else f"failed ({type(e).__name__})"
+            ray_says = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self._lose_host(
+                call.host,
+                lambda env: (
+                    f"{env.ref.label}: its Ray actor {what} (last command: {command_name(env.ref.last_command)}); "
+                    f"the node may have been lost. Ray says: {ray_says}"
+                ),
+                f"was lost with its actor ({ray_says})",
+            )
             return
-        if report is not None and host.actor is call.actor:
+        self._read_off(ref)
+        if report is not None:
             self._absorb(call.host, report, call.exchange)
+
+    def _read_off(self, ref: Any) -> None:
+        """The call's answer is read: it is out no more."""
+        host = self._hosts[self._calls.pop(ref).host]
+        if host.call is not None and host.call == ref:
+            host.call = None
 
     def _absorb(self, index: int, report: HostReport, exchange: Optional[int]) -> None:
         """A host's report: where its envs run, their replies and deaths, which are still
@@ -413,10 +421,19 @@ class RayBackend(Backend):
         return min(sent) + self._call_bound_s if sent else None
 
     def advance(self) -> None:
-        """Kill actors whose exchange is overdue: their envs die (and restart within quota)."""
+        """Kill actors whose exchange is overdue: their envs die (and restart within quota). An
+        overdue call that has answered meanwhile (the trainer did not wait: its update, or a
+        wait that returned other events) is read instead."""
         now = self._clock()
+
+        def overdue(host: _Host) -> bool:
+            if host.call is None or not host.answered:
+                return False
+            return now >= self._calls[host.call].sent_at + self._call_bound_s
+
+        self._read([host.call for host in self._hosts if overdue(host)], 0.0)
         for index, host in enumerate(self._hosts):
-            if host.call is not None and host.answered and now >= self._calls[host.call].sent_at + self._call_bound_s:
+            if overdue(host):
                 why = f"its Ray actor did not answer a call within {self._call_bound_s:.0f} s and was killed"
                 logger.error(f"Ray actor of env workers {sorted(host.envs)}: {why}.")
                 self._kill_host(index, why)
