@@ -99,7 +99,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     are skipped, saying so, and the rest of their files run (the portable leg deselects them)."""
     if sys.platform == "linux":
         return
-    linux_only = pytest.mark.skip(reason="a test of the Linux hardening (the hardening marker): Linux only")
+    linux_only = pytest.mark.skip(reason="tests the Linux hardening (reaper, parent-death signal, pidfd watch), "
+                                  "which only Linux has: macOS and Windows take the portable path")
     for item in items:
         if item.get_closest_marker("hardening") is not None:
             item.add_marker(linux_only)

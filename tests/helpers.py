@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mlagents_plugin.examples import config_file
-from mlagents_plugin.local import rpc_server
+from mlagents_plugin.local import processes, rpc_server
 from mlagents_plugin.local.processes import every_process
 from mlagents_plugin.testing.ports import free_port_block  # noqa: F401  (the tests import it from here)
 
@@ -76,13 +76,27 @@ def wait_for_line(trainer: subprocess.Popen, text: str, output: list, timeout_s:
     pytest.fail(f"never saw {text!r}:\n{''.join(output)[-6000:]}")
 
 
+def kill(trainer: subprocess.Popen) -> None:
+    """SIGKILL to the trainer's process group; on Windows, which has no process groups to
+    signal, TerminateProcess to it and every process under it."""
+    if sys.platform != "win32":
+        os.killpg(trainer.pid, signal.SIGKILL)
+        return
+    try:
+        root = psutil.Process(trainer.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    processes.kill_processes(tree, 0.0)  # terminate() is TerminateProcess there
+
+
 def finish(trainer: subprocess.Popen, output: list, timeout_s: float) -> float:
     """Wait (bounded) for the trainer to exit; return how long it took."""
     started = time.monotonic()
     try:
         rest, _ = trainer.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(trainer.pid, signal.SIGKILL)
+        kill(trainer)
         rest, _ = trainer.communicate()
         output.append(rest)
         pytest.fail(f"mlagents-learn did not exit within {timeout_s} s:\n{''.join(output)[-6000:]}")
@@ -159,8 +173,14 @@ def reaper_of(supervisor_pid: int) -> psutil.Process:
         time.sleep(0.1)
 
 
-# fork and forkserver do not exist on Windows (multiprocessing's start methods there: spawn)
-SPAWN_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="Windows starts processes by spawn only")
+SPAWN_ONLY = pytest.mark.skipif(
+    sys.platform == "win32", reason="fork and forkserver do not exist on Windows: multiprocessing starts processes "
+    "there by spawn only, the start method Windows users get"
+)
+
+# psutil lists other processes' sockets on macOS only to root; there a port's holder cannot be
+# named, and the product says "in use" or "another process" instead (local/processes.port_holder).
+HOLDERS_VISIBLE = sys.platform != "darwin" or os.geteuid() == 0
 
 
 class KillOnceBusy:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import alive_after, free_port_block, reaper_of, step_until, wait_for_files
+from helpers import SPAWN_ONLY, alive_after, free_port_block, reaper_of, step_until, wait_for_files
 from mlagents.trainers.exception import TrainerConfigError
 
 from mlagents_plugin.core import wire
@@ -50,9 +50,14 @@ def gone_within(pids, seconds: float) -> bool:
 
 # --------------------------------------------------------------- signals and exits
 
+# What a kill becomes on Windows is a death by exit code: test_contract's killed-worker tests.
+NO_SIGTERM_FROM_OUTSIDE = pytest.mark.skipif(
+    sys.platform == "win32", reason="Windows has no SIGTERM from outside: os.kill there is TerminateProcess, a "
+    "death by exit code, whose restart the contract suite's killed-worker tests check (docs/platforms.md)"
+)
 
-@pytest.mark.skipif(sys.platform == "win32", reason="Windows has no SIGTERM from outside: os.kill is "
-                    "TerminateProcess, a death by exit code (docs/platforms.md)")
+
+@NO_SIGTERM_FROM_OUTSIDE
 @pytest.mark.timeout(60)
 def test_a_sigterm_to_one_worker_is_a_death_and_the_worker_is_restarted(env_manager_factory, caplog):
     manager = env_manager_factory(make_factory(SimpleEnvironment, step_sleep_s=0.002), 2)
@@ -98,8 +103,7 @@ def test_a_base_exception_from_the_env_is_restarted_like_a_death(env_manager_fac
     step_until(manager, lambda: manager.restart_counts == {"died": 1} and 1 in manager.worker_pids)
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="Windows has no SIGTERM from outside: os.kill is "
-                    "TerminateProcess, a death by exit code (docs/platforms.md)")
+@NO_SIGTERM_FROM_OUTSIDE
 @pytest.mark.timeout(120)
 def test_sigterms_at_random_moments_never_corrupt_a_pipe(run_options, env_manager_factory):
     """The worker's SIGTERM handler never raises in the middle of a message (NOTE [ Worker
@@ -502,7 +506,7 @@ CLEANED_TMP_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="a fork server: Windows starts processes by spawn only")
+@SPAWN_ONLY  # a fork server's socket
 @pytest.mark.timeout(120)
 def test_a_worker_restarts_after_tmp_was_cleaned_under_the_fork_server(tmp_path):
     """systemd-tmpfiles, tmpreaper or an rm -rf /tmp/pymp-* removes the fork server's socket: the
